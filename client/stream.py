@@ -1,0 +1,37 @@
+"""`python -m client.stream "text" -o out.wav`: stream speech from Triton over gRPC."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from client.triton_stream import TritonStreamError, synthesize
+from client.wav import write_wav
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m client.stream", description=__doc__)
+    ap.add_argument("text")
+    ap.add_argument("-o", "--out", default="out.wav")
+    ap.add_argument("--url", default="localhost:8001", help="Triton gRPC address")
+    ap.add_argument("--model", default="hibari", help="pipeline (entry model) name")
+    ap.add_argument("--params", default=None, help='JSON object, e.g. \'{"speed": 1.2}\'')
+    args = ap.parse_args(argv)
+    try:
+        params = json.loads(args.params) if args.params else None
+    except ValueError as e:
+        ap.error(f"--params is not valid JSON: {e}")
+    try:
+        res = synthesize(args.url, args.model, args.text, params)
+    except TritonStreamError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    write_wav(args.out, res.audio, res.sample_rate)
+    print(f"wrote {args.out}: {len(res.chunks)} chunks, {res.audio_s:.2f} s of audio at {res.sample_rate} Hz")
+    print(f"time to first audio {res.ttfa_s * 1000:.0f} ms, total {res.total_s * 1000:.0f} ms, "
+          f"real-time factor {res.rtf:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Deploy settings: where and how a pipeline's stages run (the YAML half of the pipeline).
+
+Strict by design: an unknown key or a bad value is an error that names the file and the key
+path (`deploy/qwen3_tts.yaml: stages[0].max_num_seqs: must be an integer >= 1, got 0`), so a
+typo never silently falls back to a default.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEPLOY_DIR = Path(__file__).resolve().parent.parent / "deploy"
+
+ENGINES = ("torch", "vllm")
+DTYPES = ("float32", "bfloat16", "float16")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "repetition_penalty", "do_sample",
+                 "max_new_tokens", "min_new_tokens")
+
+
+class DeployError(ValueError):
+    """A deploy YAML problem; the message starts with `<file>: <key>:`."""
+
+
+@dataclass
+class AsyncChunk:
+    enabled: bool = True
+    initial_chunk_frames: int = 2
+    chunk_frames: int = 25
+    left_context_frames: int = 72
+
+
+@dataclass
+class EntryDeploy:
+    instances: int = 1
+    max_streams: int = 64          # concurrent streams before `unavailable:` (HTTP 429)
+    bls_threads: int = 64          # threads pulling upstream BLS streams
+
+
+@dataclass
+class StageDeploy:
+    stage_id: int = 0
+    engine: str = "torch"
+    device: str = "cpu"
+    dtype: str = "float32"
+    instances: int = 1
+    threads: int = 1               # torch / onnxruntime intra-op threads per instance
+    max_num_seqs: int = 8
+    max_model_len: int = 4096
+    enforce_eager: bool = False
+    cuda_graph_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    max_batch_size: int = 8        # Triton dynamic batching for stateless stages
+    max_queue_delay_us: int = 2000
+    default_sampling_params: dict[str, Any] = field(default_factory=dict)
+    subtalker_sampling_params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DeployConfig:
+    pipeline: str
+    model: str | None = None
+    entry: EntryDeploy = field(default_factory=EntryDeploy)
+    async_chunk: AsyncChunk = field(default_factory=AsyncChunk)
+    stages: list[StageDeploy] = field(default_factory=list)
+    source: str = "<defaults>"
+
+    def stage(self, stage_id: int) -> StageDeploy:
+        for s in self.stages:
+            if s.stage_id == stage_id:
+                return s
+        return StageDeploy(stage_id=stage_id)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("source")
+        return d
+
+
+def _fail(src: str, key: str, msg: str) -> DeployError:
+    return DeployError(f"{src}: {key}: {msg}")
+
+
+def _int(src: str, key: str, v: Any, lo: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise _fail(src, key, f"must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _bool(src: str, key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _fail(src, key, f"must be true or false, got {v!r}")
+    return v
+
+
+def _choice(src: str, key: str, v: Any, choices: tuple[str, ...]) -> str:
+    if v not in choices:
+        raise _fail(src, key, f"must be one of {', '.join(choices)}, got {v!r}")
+    return v
+
+
+def _mapping(src: str, key: str, v: Any) -> dict:
+    if not isinstance(v, dict):
+        raise _fail(src, key, f"must be a mapping, got {type(v).__name__}")
+    return v
+
+
+def _check_keys(src: str, prefix: str, raw: dict, cls: type) -> None:
+    known = {f.name for f in fields(cls)} - {"source"}
+    for k in raw:
+        if k not in known:
+            raise _fail(src, f"{prefix}{k}", f"unknown key; allowed: {', '.join(sorted(known))}")
+
+
+def _device(src: str, key: str, v: Any) -> str:
+    if not isinstance(v, str) or not (v == "cpu" or v == "cuda" or
+                                      (v.startswith("cuda:") and v[5:].isdigit())):
+        raise _fail(src, key, f"must be cpu, cuda or cuda:N, got {v!r}")
+    return v
+
+
+def _sampling(src: str, key: str, v: Any) -> dict:
+    v = _mapping(src, key, v)
+    for k, x in v.items():
+        if k not in SAMPLING_KEYS:
+            raise _fail(src, f"{key}.{k}", f"unknown key; allowed: {', '.join(SAMPLING_KEYS)}")
+        if k == "do_sample":
+            _bool(src, f"{key}.{k}", x)
+        elif k in ("top_k", "max_new_tokens", "min_new_tokens"):
+            _int(src, f"{key}.{k}", x, 0)
+        elif isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0:
+            raise _fail(src, f"{key}.{k}", f"must be a number >= 0, got {x!r}")
+    return dict(v)
+
+
+def _stage(src: str, prefix: str, raw: Any) -> StageDeploy:
+    raw = _mapping(src, prefix.rstrip("."), raw)
+    _check_keys(src, prefix, raw, StageDeploy)
+    s = StageDeploy()
+    for k, v in raw.items():
+        key = prefix + k
+        if k in ("stage_id", "max_queue_delay_us"):
+            setattr(s, k, _int(src, key, v, 0))
+        elif k in ("instances", "threads", "max_num_seqs", "max_model_len", "max_batch_size"):
+            setattr(s, k, _int(src, key, v, 1))
+        elif k == "engine":
+            s.engine = _choice(src, key, v, ENGINES)
+        elif k == "dtype":
+            s.dtype = _choice(src, key, v, DTYPES)
+        elif k == "device":
+            s.device = _device(src, key, v)
+        elif k == "enforce_eager":
+            s.enforce_eager = _bool(src, key, v)
+        elif k == "cuda_graph_sizes":
+            if not isinstance(v, list) or not v:
+                raise _fail(src, key, f"must be a non-empty list of integers, got {v!r}")
+            s.cuda_graph_sizes = sorted({_int(src, f"{key}[{i}]", x, 1) for i, x in enumerate(v)})
+        else:
+            setattr(s, k, _sampling(src, key, v))
+    if s.engine == "vllm" and s.device == "cpu":
+        raise _fail(src, prefix + "engine", "vllm runs on GPU only; use engine: torch on cpu")
+    return s
+
+
+def parse_deploy(raw: Any, source: str = "<dict>") -> DeployConfig:
+    """Validate a parsed YAML mapping into a DeployConfig."""
+    raw = _mapping(source, "<top>", raw if raw is not None else {})
+    _check_keys(source, "", raw, DeployConfig)
+    if "pipeline" not in raw or not isinstance(raw["pipeline"], str):
+        raise _fail(source, "pipeline", "required: the pipeline name")
+    cfg = DeployConfig(pipeline=raw["pipeline"], source=source)
+    if "model" in raw:
+        if raw["model"] is not None and not isinstance(raw["model"], str):
+            raise _fail(source, "model", f"must be a path string, got {raw['model']!r}")
+        cfg.model = raw["model"]
+    if "entry" in raw:
+        e = _mapping(source, "entry", raw["entry"])
+        _check_keys(source, "entry.", e, EntryDeploy)
+        for k, v in e.items():
+            setattr(cfg.entry, k, _int(source, f"entry.{k}", v, 1))
+    if "async_chunk" in raw:
+        a = _mapping(source, "async_chunk", raw["async_chunk"])
+        _check_keys(source, "async_chunk.", a, AsyncChunk)
+        for k, v in a.items():
+            if k == "enabled":
+                cfg.async_chunk.enabled = _bool(source, "async_chunk.enabled", v)
+            else:
+                setattr(cfg.async_chunk, k, _int(source, f"async_chunk.{k}", v,
+                                                 0 if k == "left_context_frames" else 1))
+    if "stages" in raw:
+        if not isinstance(raw["stages"], list):
+            raise _fail(source, "stages", "must be a list of stage mappings")
+        cfg.stages = [_stage(source, f"stages[{i}].", s) for i, s in enumerate(raw["stages"])]
+        ids = [s.stage_id for s in cfg.stages]
+        if len(set(ids)) != len(ids):
+            raise _fail(source, "stages", f"duplicate stage_id in {ids}")
+    return cfg
+
+
+def load_deploy(path: str | Path) -> DeployConfig:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise DeployError(f"{path}: file not found") from None
+    except yaml.YAMLError as e:
+        raise DeployError(f"{path}: <yaml>: {e}") from None
+    return parse_deploy(raw, str(path))
+
+
+def default_deploy_path(name: str) -> Path:
+    return DEPLOY_DIR / f"{name}.yaml"

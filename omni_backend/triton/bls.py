@@ -1,0 +1,101 @@
+"""Streaming BLS calls from the entry model to decoupled stage models.
+
+`InferenceRequest.exec(decoupled=True)` returns an iterator whose `next()` blocks, so it is
+pulled from the model's thread pool, never on the event loop. Triton 2.51 cannot cancel a BLS
+stream from the caller's side, so cancellation travels as a control request (`CONTROL=cancel`
+with the same REQUEST_ID) that makes the stage end that stream; the rest of the stream is then
+drained so nothing is left in shared memory.
+"""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Executor
+from typing import AsyncIterator
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_backend.errors import PipelineError
+from omni_backend.triton.decoupled import bytes_tensor
+
+
+class StageFailed(PipelineError):
+    """An upstream stage answered with an error; its message keeps its own code."""
+
+    def __init__(self, message: str):
+        Exception.__init__(self, message)
+        head = message.split(":", 1)[0]
+        self.code = head if head in ("invalid_request", "unavailable") else "internal"
+
+
+def _start(model_name: str, inputs: list, outputs: list[str], request_id: str):
+    req = pb_utils.InferenceRequest(model_name=model_name, inputs=inputs,
+                                    requested_output_names=outputs, request_id=request_id)
+    return req.exec(decoupled=True)
+
+
+def _drain(it) -> None:
+    for _ in it:
+        pass
+
+
+def cancel_stage_request(model_name: str, request_id: str) -> None:
+    """Ask a stage to end the stream with this request id (blocking; run in a thread)."""
+    inputs = [bytes_tensor("REQUEST_ID", request_id), bytes_tensor("CONTROL", "cancel")]
+    _drain(_start(model_name, inputs, [], f"{request_id}-cancel"))
+
+
+class StageStream:
+    """One streaming call to a stage; an async iterator of {output name: numpy array}."""
+
+    def __init__(self, executor: Executor, model_name: str, request_id: str,
+                 inputs: list["pb_utils.Tensor"], outputs: list[str]):
+        self.executor = executor
+        self.model_name = model_name
+        self.request_id = request_id
+        self.inputs = inputs
+        self.outputs = outputs
+        self._it = None
+        self._done = False
+        self._pending: asyncio.Future | None = None  # the in-flight next() on the iterator
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, np.ndarray]]:
+        loop = asyncio.get_running_loop()
+        self._it = await loop.run_in_executor(
+            self.executor, _start, self.model_name, self.inputs, self.outputs, self.request_id)
+        while True:
+            self._pending = loop.run_in_executor(self.executor, next, self._it, None)
+            resp = await self._pending
+            self._pending = None
+            if resp is None:
+                self._done = True
+                return
+            if resp.has_error():
+                self._done = True
+                _drain_quietly(self._it)
+                raise StageFailed(resp.error().message())
+            out = {}
+            for name in self.outputs:
+                t = pb_utils.get_output_tensor_by_name(resp, name)
+                if t is not None:
+                    out[name] = t.as_numpy().copy()
+            if out:
+                yield out
+
+    async def aclose(self) -> None:
+        """Stop the stage's stream if it is still running and drain what is left."""
+        if self._done or self._it is None:
+            return
+        self._done = True
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.executor, cancel_stage_request, self.model_name, self.request_id)
+        if self._pending is not None:  # never two threads on one iterator
+            await asyncio.wait({self._pending})
+        await loop.run_in_executor(self.executor, _drain_quietly, self._it)
+
+
+def _drain_quietly(it) -> None:
+    try:
+        _drain(it)
+    except Exception:  # the stream is being abandoned; its errors have no reader
+        pass

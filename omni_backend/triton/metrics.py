@@ -1,0 +1,56 @@
+"""Custom Prometheus metrics, exported on Triton's /metrics next to its own."""
+from __future__ import annotations
+
+import triton_python_backend_utils as pb_utils
+
+TTFA_BUCKETS_MS = [10, 25, 50, 100, 200, 400, 800, 1600, 3200, 6400, 12800]
+
+# Families are process-wide and shared by every model that names them, so the descriptions
+# must be identical everywhere: they live here only.
+_FAMILIES = {
+    "omni_ttfa_ms": ("Time from request arrival to the first audio chunk (ms)", "HISTOGRAM"),
+    "omni_audio_seconds_total": ("Seconds of audio streamed to clients", "COUNTER"),
+    "omni_active_streams": ("Streams in flight in the entry model", "GAUGE"),
+    "omni_requests_total": ("Requests finished, by outcome", "COUNTER"),
+    "omni_errors_total": ("Requests that ended in an error, by error code", "COUNTER"),
+    "omni_stage_active_requests": ("Requests in flight inside a stage model", "GAUGE"),
+}
+_cache: dict[str, "pb_utils.MetricFamily"] = {}
+
+
+def family(name: str) -> "pb_utils.MetricFamily":
+    if name not in _cache:
+        desc, kind = _FAMILIES[name]
+        _cache[name] = pb_utils.MetricFamily(name=name, description=desc,
+                                             kind=getattr(pb_utils.MetricFamily, kind))
+    return _cache[name]
+
+
+class PipelineMetrics:
+    """The metrics one entry model reports, labelled with its pipeline name."""
+
+    def __init__(self, pipeline: str):
+        labels = {"pipeline": pipeline}
+        self.pipeline = pipeline
+        self.ttfa_ms = family("omni_ttfa_ms").Metric(labels=labels, buckets=TTFA_BUCKETS_MS)
+        self.audio_seconds = family("omni_audio_seconds_total").Metric(labels=labels)
+        self.active = family("omni_active_streams").Metric(labels=labels)
+        self._outcomes: dict[str, "pb_utils.Metric"] = {}
+        self._errors: dict[str, "pb_utils.Metric"] = {}
+
+    def finished(self, outcome: str, error_code: str | None = None) -> None:
+        """outcome: ok | error | cancelled."""
+        if outcome not in self._outcomes:
+            self._outcomes[outcome] = family("omni_requests_total").Metric(
+                labels={"pipeline": self.pipeline, "outcome": outcome})
+        self._outcomes[outcome].increment(1)
+        if error_code:
+            if error_code not in self._errors:
+                self._errors[error_code] = family("omni_errors_total").Metric(
+                    labels={"pipeline": self.pipeline, "code": error_code})
+            self._errors[error_code].increment(1)
+
+
+class StageMetrics:
+    def __init__(self, model_name: str):
+        self.active = family("omni_stage_active_requests").Metric(labels={"model": model_name})

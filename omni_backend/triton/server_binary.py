@@ -1,0 +1,88 @@
+"""Run the `tritonserver` binary that ships in the nvidia-pytriton wheel.
+
+The wheel carries the server, the Python backend and one backend stub per Python version. The
+stub must match the interpreter that runs the models, so we assemble a backend directory for this
+interpreter once and pass it with --backend-directory. In the NGC container the real
+/opt/tritonserver is used instead (see the Dockerfile).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+
+def _pytriton_root() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("nvidia-pytriton is not installed: run `make setup`")
+    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+
+
+def binary_path() -> Path:
+    """The tritonserver executable: $TRITONSERVER_BIN, the NGC install, or the wheel's."""
+    env = os.environ.get("TRITONSERVER_BIN")
+    if env:
+        return Path(env)
+    ngc = Path("/opt/tritonserver/bin/tritonserver")
+    if ngc.exists():
+        return ngc
+    return _pytriton_root() / "bin" / "tritonserver"
+
+
+def backend_directory() -> Path:
+    """A backends folder whose python backend has the stub for this interpreter."""
+    ngc = Path("/opt/tritonserver/backends")
+    if ngc.exists() and not os.environ.get("TRITONSERVER_BIN"):
+        return ngc
+    root = _pytriton_root()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    target = Path(sys.prefix) / "share" / "omni-triton" / f"backends-py{version}"
+    python_dir = target / "python"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise SystemExit(f"no Triton Python backend stub for Python {version} in {stub.parent.parent}")
+    if not (python_dir / "triton_python_backend_stub").exists():
+        python_dir.mkdir(parents=True, exist_ok=True)
+        for src in (root / "backends" / "python").iterdir():
+            if src.is_file():
+                shutil.copy2(src, python_dir / src.name)
+        shutil.copy2(stub, python_dir / "triton_python_backend_stub")
+    return target
+
+
+def server_env() -> dict[str, str]:
+    """The environment the server needs: this venv first on PATH so model.py imports resolve."""
+    env = dict(os.environ)
+    env["VIRTUAL_ENV"] = sys.prefix
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # The stub copied into our backend folder loses its relative RPATH to the wheel's bundled
+    # libraries, and must link the libpython of the interpreter that runs the models.
+    libs = [str(_pytriton_root().parent.parent / "nvidia_pytriton.libs"),
+            sysconfig.get_config_var("LIBDIR") or ""]
+    if env.get("LD_LIBRARY_PATH"):
+        libs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in libs if x)
+    return env
+
+
+def command(args: list[str]) -> list[str]:
+    """Full argv for tritonserver with our backend directory unless the caller gave one."""
+    argv = [str(binary_path())]
+    if not any(a.startswith("--backend-directory") for a in args):
+        argv.append(f"--backend-directory={backend_directory()}")
+    return argv + list(args)
+
+
+def main() -> None:
+    """`omni-tritonserver ARGS...`: exec tritonserver, e.g. `omni-tritonserver --model-repository model_repository`."""
+    argv = command(sys.argv[1:])
+    os.execve(argv[0], argv, server_env())
+
+
+if __name__ == "__main__":
+    main()

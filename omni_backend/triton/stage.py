@@ -1,0 +1,65 @@
+"""Base class for stage models called by an entry model over BLS.
+
+Stage inputs: REQUEST (JSON: the adapter's normalized request), REQUEST_ID, and CONTROL for
+out-of-band messages: `cancel` ends the stream with that REQUEST_ID (see bls.py for why).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator
+
+import triton_python_backend_utils as pb_utils
+
+from omni_backend.deploy import parse_deploy
+from omni_backend.errors import InvalidRequest
+from omni_backend.pipeline import get_pipeline
+from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
+from omni_backend.triton.metrics import StageMetrics
+
+
+class StageModel(DecoupledModel):
+    def setup(self) -> None:
+        self.pipeline = get_pipeline(self.parameters["pipeline"])
+        self.stage_id = int(self.parameters["stage_id"])
+        self.stage_config = self.pipeline.stages[self.stage_id]
+        self.deploy = parse_deploy(self.param_json("deploy"), f"{self.model_name}/config.pbtxt")
+        self.stage_deploy = self.deploy.stage(self.stage_id)
+        self.model_path = self.parameters.get("model") or self.pipeline.default_model
+        self.by_request_id: dict[str, StreamContext] = {}
+        self.metrics = StageMetrics(self.model_name)
+        self.load()
+
+    def load(self) -> None:
+        """Load weights / engines; override."""
+
+    async def generate(self, ctx: StreamContext, request: dict[str, Any]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    async def stream(self, ctx: StreamContext) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        rid = (input_bytes(ctx.request, "REQUEST_ID") or b"").decode() or ctx.request_id
+        if input_bytes(ctx.request, "CONTROL") == b"cancel":
+            target = self.by_request_id.get(rid)
+            if target is not None:
+                target.cancel()
+                self.on_cancel(target)
+            return
+        raw = input_bytes(ctx.request, "REQUEST")
+        try:
+            request = json.loads(raw or b"")
+        except ValueError:
+            raise InvalidRequest("REQUEST", "stage input must be a JSON object") from None
+        if not isinstance(request, dict) or not isinstance(request.get("text"), str):
+            raise InvalidRequest("REQUEST", "stage input must be a JSON object with a text field")
+        ctx.stage_request_id = rid
+        self.by_request_id[rid] = ctx
+        self.metrics.active.set(len(self.by_request_id))
+        try:
+            async for tensors in self.generate(ctx, request):
+                yield tensors
+        finally:
+            self.by_request_id.pop(rid, None)
+            self.metrics.active.set(len(self.by_request_id))
+
+    def on_cancel(self, ctx: StreamContext) -> None:
+        """A stream was cancelled by its caller; engines free their slot here."""
