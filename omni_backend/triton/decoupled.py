@@ -117,6 +117,7 @@ class DecoupledModel:
 
     async def execute(self, requests: list) -> None:
         await asyncio.gather(*(self._serve(r) for r in requests))
+        requests.clear()
         return None
 
     async def _serve(self, request: "pb_utils.InferenceRequest") -> None:
@@ -148,6 +149,11 @@ class DecoupledModel:
             await ctx.release()
             self.active.pop(id(ctx), None)
             self.on_finish(ctx, outcome, code)
+            # Triton frees a request's response factory only when the Python objects die; an
+            # exception traceback can keep this frame (and ctx) in a cycle until the next GC,
+            # which would keep the model from unloading. Drop the references now.
+            ctx.sender = None
+            ctx.request = None
 
     def finalize(self) -> None:
         for ctx in list(self.active.values()):

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Drive a pipeline's entry model with perf_analyzer (gRPC streaming) at concurrency 1, 4 and 8.
+# Usage: perf/perf_analyzer.sh PIPELINE [--url localhost:8001] [--concurrency 1:8:...] [extra args]
+# Latency for a decoupled model is time to the FIRST response (= time to first audio).
+# Without --url it starts its own tritonserver on free ports with model_repository/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PIPELINE=${1:?usage: perf/perf_analyzer.sh PIPELINE [--url HOST:PORT] [--concurrency LIST] [extra perf_analyzer args]}
+shift
+URL=""
+CONCURRENCY="1 4 8"
+EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --url) URL=$2; shift 2 ;;
+    --concurrency) CONCURRENCY=${2//,/ }; shift 2 ;;
+    *) EXTRA+=("$1"); shift ;;
+  esac
+done
+PY=${PYTHON:-.venv/bin/python}
+SITE=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+PA=$(dirname "$PY")/perf_analyzer  # the ELF binary the tritonclient 2.51.0 wheel installs
+# perf_analyzer links libcudart even on CPU: the PyPI runtime provides it (no GPU needed).
+export LD_LIBRARY_PATH=$SITE/nvidia/cuda_runtime/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+DATA=perf/data/$PIPELINE.json
+[ -f "$DATA" ] || { echo "no input data: $DATA" >&2; exit 2; }
+SERVER_PID=""
+cleanup() { [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null || true; }
+trap cleanup EXIT
+if [ -z "$URL" ]; then
+  PORTS=$($PY -c 'from client.triton_process import free_port as f; print(f(), f(), f())')
+  read -r HTTP GRPC METRICS <<<"$PORTS"
+  $PY -c "
+import signal, sys, time
+from client.triton_process import TritonProcess
+s = TritonProcess('model_repository', $HTTP, $GRPC, $METRICS, log_path='/tmp/perf_analyzer_tritonserver.log').start()
+print('tritonserver ready', flush=True)
+signal.signal(signal.SIGTERM, lambda *a: (s.stop(), sys.exit(0)))
+while True: time.sleep(1)
+" &
+  SERVER_PID=$!
+  for _ in $(seq 240); do
+    curl -sf "localhost:$HTTP/v2/health/ready" >/dev/null 2>&1 && break
+    kill -0 $SERVER_PID 2>/dev/null || { echo "tritonserver failed to start" >&2; exit 1; }
+    sleep 0.5
+  done
+  URL=localhost:$GRPC
+fi
+OUT=$(mktemp -d)
+for C in $CONCURRENCY; do
+  echo "== $PIPELINE, concurrency $C" >&2
+  "$PA" -m "$PIPELINE" -u "$URL" -i grpc --streaming --input-data "$DATA" \
+    --concurrency-range "$C:$C" --measurement-interval 4000 --stability-percentage 50 \
+    --max-trials 4 -f "$OUT/c$C.csv" "${EXTRA[@]}" > "$OUT/c$C.log" 2>&1 || { cat "$OUT/c$C.log" >&2; exit 1; }
+  grep -E "Client:|Request count|Throughput|p50 latency|p95 latency|Avg latency|error" "$OUT/c$C.log" >&2 || true
+done
+echo
+printf '%-12s %12s %14s %14s %14s\n' concurrency "req/s" "p50 ttfa ms" "p95 ttfa ms" "avg ttfa ms"
+for C in $CONCURRENCY; do
+  # CSV columns: Concurrency,Inferences/Second,Client Send,...,p50 latency,p90,p95,p99,Avg latency,...
+  $PY - "$OUT/c$C.csv" <<'PYEOF'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+r = rows[-1]
+us = lambda k: float(r.get(k) or 'nan') / 1000.0
+avg = sum(float(r[k]) for k in r if k.startswith(("Client Send", "Network+Server", "Server Queue", "Client Recv"))) / 1000.0
+print(f"{r['Concurrency']:<12} {float(r['Inferences/Second']):12.2f} {us('p50 latency'):14.1f} {us('p95 latency'):14.1f} {avg:14.1f}")
+PYEOF
+done

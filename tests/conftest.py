@@ -1,0 +1,31 @@
+"""Shared fixtures: a real tritonserver on free ports, stopped also when tests fail."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from client.triton_process import TritonProcess  # noqa: E402
+
+pytest_plugins = []
+if (ROOT / "tests" / "qwen3_fixtures.py").exists():
+    pytest_plugins.append("tests.qwen3_fixtures")
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory):
+    """tritonserver serving the committed model_repository/."""
+    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    server = TritonProcess(ROOT / "model_repository", log_path=log)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        if os.environ.get("OMNI_SHOW_SERVER_LOG"):
+            print(server.log_tail(200))

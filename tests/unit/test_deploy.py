@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omni_backend.deploy import DEPLOY_DIR, DeployError, load_deploy, parse_deploy
+
+
+@pytest.mark.parametrize("path", sorted(DEPLOY_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_committed_deploy_files_are_valid(path):
+    cfg = load_deploy(path)
+    assert cfg.pipeline == path.stem or cfg.pipeline
+
+
+def test_defaults_fill_missing_keys():
+    cfg = parse_deploy({"pipeline": "hibari", "stages": [{"stage_id": 0, "max_num_seqs": 4}]})
+    assert cfg.stage(0).max_num_seqs == 4
+    assert cfg.stage(0).threads == 1
+    assert cfg.async_chunk.chunk_frames == 25 and cfg.async_chunk.left_context_frames == 72
+    assert cfg.stage(3).stage_id == 3  # stages not listed get defaults
+
+
+@pytest.mark.parametrize("raw,key", [
+    ({}, "pipeline"),
+    ({"pipeline": "p", "colour": 1}, "colour"),
+    ({"pipeline": "p", "entry": {"instances": 0}}, "entry.instances"),
+    ({"pipeline": "p", "entry": {"max_stream": 3}}, "entry.max_stream"),
+    ({"pipeline": "p", "async_chunk": {"chunk_frames": 0}}, "async_chunk.chunk_frames"),
+    ({"pipeline": "p", "async_chunk": {"enabled": "yes"}}, "async_chunk.enabled"),
+    ({"pipeline": "p", "async_chunk": {"left_context": 5}}, "async_chunk.left_context"),
+    ({"pipeline": "p", "stages": {"stage_id": 0}}, "stages"),
+    ({"pipeline": "p", "stages": [{"stage_id": 0}, {"stage_id": 0}]}, "stages"),
+    ({"pipeline": "p", "stages": [{"max_num_seqs": 0}]}, "stages[0].max_num_seqs"),
+    ({"pipeline": "p", "stages": [{"max_num_seqs": 2.5}]}, "stages[0].max_num_seqs"),
+    ({"pipeline": "p", "stages": [{"engine": "tensorrt"}]}, "stages[0].engine"),
+    ({"pipeline": "p", "stages": [{"engine": "vllm"}]}, "stages[0].engine"),
+    ({"pipeline": "p", "stages": [{"device": "gpu"}]}, "stages[0].device"),
+    ({"pipeline": "p", "stages": [{"dtype": "int4"}]}, "stages[0].dtype"),
+    ({"pipeline": "p", "stages": [{"threads": True}]}, "stages[0].threads"),
+    ({"pipeline": "p", "stages": [{"cuda_graph_sizes": []}]}, "stages[0].cuda_graph_sizes"),
+    ({"pipeline": "p", "stages": [{"cuda_graph_sizes": [1, 0]}]}, "stages[0].cuda_graph_sizes[1]"),
+    ({"pipeline": "p", "stages": [{"enforce_eager": 1}]}, "stages[0].enforce_eager"),
+    ({"pipeline": "p", "stages": [{"default_sampling_params": {"temp": 1}}]},
+     "stages[0].default_sampling_params.temp"),
+    ({"pipeline": "p", "stages": [{"default_sampling_params": {"top_p": -1}}]},
+     "stages[0].default_sampling_params.top_p"),
+    ({"pipeline": "p", "stages": [{"stage_idx": 0}]}, "stages[0].stage_idx"),
+])
+def test_each_bad_key_gets_its_named_error(raw, key):
+    with pytest.raises(DeployError) as e:
+        parse_deploy(raw, "deploy/x.yaml")
+    assert str(e.value).startswith(f"deploy/x.yaml: {key}:"), str(e.value)
+
+
+def test_yaml_errors_name_the_file(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pipeline: [unclosed\n")
+    with pytest.raises(DeployError, match=str(bad)):
+        load_deploy(bad)
+    with pytest.raises(DeployError, match="file not found"):
+        load_deploy(tmp_path / "missing.yaml")
