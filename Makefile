@@ -16,11 +16,11 @@ PYTEST_ARGS ?=
 
 setup: debs venv
 
-# libb64 for perf_analyzer, libsndfile-free (soundfile ships its own), sox for listening checks.
+# libb64 for perf_analyzer; sox for the reference Qwen3-TTS oracle (it warns without it).
 debs:
-	@if ! dpkg -s libb64-0d >/dev/null 2>&1; then \
-	  echo "[setup] installing Debian packages (libb64-0d)"; \
-	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d >/dev/null; \
+	@if ! dpkg -s libb64-0d sox >/dev/null 2>&1; then \
+	  echo "[setup] installing Debian packages (libb64-0d, sox)"; \
+	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d sox >/dev/null; \
 	fi
 
 $(VENV)/.installed: pyproject.toml constraints.txt

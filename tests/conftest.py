@@ -17,8 +17,14 @@ if (ROOT / "tests" / "qwen3_fixtures.py").exists():
     pytest_plugins.append("tests.qwen3_fixtures")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fresh_builtin_checkpoints(tmp_path_factory):
+    """Built-in random checkpoints are written anew for each test session (not a stale cache)."""
+    os.environ["OMNI_CACHE_DIR"] = str(tmp_path_factory.mktemp("omni-cache"))
+
+
 @pytest.fixture(scope="session")
-def triton(tmp_path_factory):
+def triton(tmp_path_factory, fresh_builtin_checkpoints):
     """tritonserver serving the committed model_repository/."""
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
     server = TritonProcess(ROOT / "model_repository", log_path=log)

@@ -67,6 +67,8 @@ class StageStream:
             self._pending = loop.run_in_executor(self.executor, next, self._it, None)
             resp = await self._pending
             self._pending = None
+            if self._done:  # aclose() took over the iterator
+                return
             if resp is None:
                 self._done = True
                 return
