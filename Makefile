@@ -16,11 +16,13 @@ PYTEST_ARGS ?=
 
 setup: debs venv
 
-# libb64 for perf_analyzer; sox for the reference Qwen3-TTS oracle (it warns without it).
+# libb64 for perf_analyzer; sox for the reference Qwen3-TTS oracle (it warns without it);
+# chromium and curl for the web page and HTTP tests.
+DEBS := libb64-0d sox chromium curl
 debs:
-	@if ! dpkg -s libb64-0d sox >/dev/null 2>&1; then \
-	  echo "[setup] installing Debian packages (libb64-0d, sox)"; \
-	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d sox >/dev/null; \
+	@if ! dpkg -s $(DEBS) >/dev/null 2>&1; then \
+	  echo "[setup] installing Debian packages ($(DEBS))"; \
+	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBS) >/dev/null; \
 	fi
 
 $(VENV)/.installed: pyproject.toml constraints.txt

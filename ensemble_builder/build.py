@@ -61,13 +61,12 @@ def stage_config(p: PipelineConfig, s: StageConfig, deploy: DeployConfig, common
                       "threads_in_flight": str(max(4, 2 * sd.max_num_seqs))})
     if not s.decoupled:
         # Stateless codec windows: Triton's dynamic batcher batches windows of equal length
-        # across requests; first chunks carry a higher priority.
+        # across requests (BLS in 2.51 cannot set a request priority, so there are no levels).
         return {
             "name": p.stage_model_name(s),
             "backend": "python",
             "max_batch_size": sd.max_batch_size,
-            "dynamic_batching": {"max_queue_delay_microseconds": sd.max_queue_delay_us,
-                                 "priority_levels": 2, "default_priority_level": 2},
+            "dynamic_batching": {"max_queue_delay_microseconds": sd.max_queue_delay_us},
             "input": [_tensor("CODES", "TYPE_INT64", [-1, -1]),
                       _tensor("LEFT_CONTEXT", "TYPE_INT32", [1])],
             "output": [_tensor("AUDIO", "TYPE_FP32", [-1])],

@@ -15,3 +15,30 @@ HIBARI = register(PipelineConfig(
                     triton_class="omni_backend.triton.hibari_stage.HibariStage"),
     ),
 ))
+
+
+def _qwen3_tts(name: str, description: str, default_model: str | None) -> PipelineConfig:
+    return PipelineConfig(
+        name=name,
+        model_type="qwen3_tts",
+        description=description,
+        default_deploy=name,
+        default_model=default_model,
+        stages=(
+            StageConfig(stage_id=0, model_stage="talker", execution_type="llm_ar",
+                        engine_output_type="latent", owns_tokenizer=True, stop_token_ids=(2150,),
+                        triton_class="omni_backend.triton.qwen3_talker_stage.Qwen3TalkerStage"),
+            StageConfig(stage_id=1, model_stage="code2wav", execution_type="llm_generation",
+                        engine_output_type="audio", input_sources=(0,), final_output=True,
+                        decoupled=False,
+                        triton_class="omni_backend.triton.code2wav_stage.Code2WavStage"),
+        ),
+    )
+
+
+QWEN3_TTS = register(_qwen3_tts(
+    "qwen3_tts", "Qwen3-TTS 12 Hz (CustomVoice / VoiceDesign): talker + code predictor -> code2wav; "
+                 "needs --model PATH", None))
+QWEN3_TTS_TINY_RANDOM = register(_qwen3_tts(
+    "qwen3_tts_tiny_random", "Qwen3-TTS tiny RANDOM weights (speaks noise): the two-stage path out of "
+                             "the box", "builtin:qwen3_tts_tiny_random"))

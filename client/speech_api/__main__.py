@@ -1,0 +1,53 @@
+"""`python -m client.speech_api --triton localhost:8001 [--triton URL ...]`: the OpenAI-compatible
+speech API in front of one or more Triton servers."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from client.speech_api.auth import ENV_VAR, load_api_keys
+from client.speech_api.config import ShimConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m client.speech_api", description=__doc__)
+    ap.add_argument("--triton", action="append", metavar="URL",
+                    help="Triton gRPC address host:port; repeat for several servers (default localhost:8001)")
+    ap.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    ap.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    ap.add_argument("--api-key", action="append", metavar="KEY",
+                    help=f"require Authorization: Bearer KEY on /v1/*; repeatable; also ${ENV_VAR} (comma separated)")
+    ap.add_argument("--max-streams-per-pipeline", type=int, default=0, metavar="N",
+                    help="concurrent streams per pipeline before 429 (default 0: no shim limit)")
+    ap.add_argument("--default-pipeline", default="hibari",
+                    help="pipeline behind tts-1, tts-1-hd and gpt-4o-mini-tts (default hibari)")
+    ap.add_argument("--probe-interval", type=float, default=1.0, metavar="SECONDS",
+                    help="how often each Triton is health-checked (default 1.0)")
+    ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = ap.parse_args(argv)
+    if args.max_streams_per_pipeline < 0:
+        ap.error("--max-streams-per-pipeline must be >= 0")
+    if args.probe_interval <= 0:
+        ap.error("--probe-interval must be > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from client.speech_api.app import create_app
+
+    config = ShimConfig(tritons=args.triton or ["localhost:8001"], api_keys=load_api_keys(args.api_key),
+                        max_streams_per_pipeline=args.max_streams_per_pipeline,
+                        default_pipeline=args.default_pipeline, probe_interval_s=args.probe_interval)
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
+                access_log=False, timeout_graceful_shutdown=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

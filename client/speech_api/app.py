@@ -1,0 +1,87 @@
+"""The FastAPI application: middleware, error envelopes, lifespan of the Triton pool."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+
+from client.speech_api.access_log import AccessLogMiddleware
+from client.speech_api.admission import StreamLimiter
+from client.speech_api.auth import ApiKeys
+from client.speech_api.catalog import Catalog
+from client.speech_api.config import ShimConfig
+from client.speech_api.errors import ApiError, invalid_request, not_found
+from client.speech_api.pool import TritonPool
+from client.speech_api.routes import STATIC_DIR, router
+
+log = logging.getLogger("omni.speech_api")
+EXPOSED_HEADERS = ["x-request-id", "retry-after", "retry-after-ms", "x-omni-model", "x-omni-ttfa-ms",
+                   "x-omni-sample-rate", "x-omni-ignored-fields"]
+
+
+class Shim:
+    """What the routes share: settings, keys, catalog, pool, limiter."""
+
+    def __init__(self, config: ShimConfig):
+        self.config = config
+        self.api_keys = ApiKeys(config.api_keys)
+        self.catalog = Catalog(config.default_pipeline)
+        self.pool = TritonPool(config.tritons, self.catalog, probe_interval_s=config.probe_interval_s)
+        self.limiter = StreamLimiter(config.max_streams_per_pipeline, config.retry_after_s)
+        self.started_at = time.time()
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.envelope(), status_code=error.status, headers=error.headers)
+
+
+def create_app(config: ShimConfig) -> FastAPI:
+    shim = Shim(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await shim.pool.start()
+        log.info("speech API over %s; models: %s; API keys %s", ", ".join(config.tritons),
+                 ", ".join(shim.catalog.model_names()) or "none yet",
+                 "on" if shim.api_keys.enabled else "off")
+        try:
+            yield
+        finally:
+            await shim.pool.close()
+
+    app = FastAPI(title="omni-triton-tts speech API", version="0.1.0", lifespan=lifespan,
+                  docs_url="/docs", redoc_url=None)
+    app.state.shim = shim
+    app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        request.state.access["error"] = exc.code
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = (exc.errors() or [{}])[0]
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        return error_response(invalid_request(".".join(loc) or None, first.get("msg", "invalid request")))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return error_response(not_found(request.url.path))
+        return error_response(ApiError(exc.status_code, str(exc.detail), type="invalid_request_error",
+                                       code=None, headers=dict(exc.headers or {})))
+
+    # Outermost last: the access log sees (and tags) every response, CORS preflights included.
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"],
+                       expose_headers=EXPOSED_HEADERS, max_age=600)
+    app.add_middleware(AccessLogMiddleware)
+    return app

@@ -1,0 +1,237 @@
+"""The Triton endpoints behind the shim, and how a stream picks one.
+
+Each `--triton` URL is an endpoint with its own gRPC client. A prober checks every endpoint
+each `probe_interval_s` (server ready + repository index), so the shim knows which pipelines
+each one serves; an endpoint that fails is marked down and re-probed on a fresh channel (no
+gRPC reconnect back-off) until it answers again, then it rejoins.
+
+A new stream goes to the healthy endpoint serving its pipeline with the fewest active streams
+(ties: the one picked longest ago). Until the first audio arrives a stream may move: an endpoint
+that is unreachable, lacks the model, or answers `unavailable` (at capacity) is skipped and the
+next one is tried, so a dead server costs a client nothing. After the first audio the stream
+stays where it is.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any, AsyncIterator
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+
+from client.speech_api.catalog import Catalog, entry_pipeline_name
+from client.speech_api.errors import ApiError, from_triton, internal, no_backend
+from client.triton_stream import TritonStreamError, astream
+
+log = logging.getLogger("omni.speech_api")
+
+# Error messages that mean "this endpoint cannot serve the model", not "the request is bad".
+_MODEL_MISSING = ("unknown model", "is not found", "is not ready", "no version is available")
+_ENDPOINT_DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                  grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
+
+
+class TritonEndpoint:
+    def __init__(self, url: str):
+        self.url = url
+        self.client: Any = None
+        self.healthy = False
+        self.active = 0
+        self.pipelines: dict[str, str | None] = {}   # pipeline -> model path (entry parameter)
+        self.configs: dict[str, dict] = {}
+        self.last_pick = 0
+        self.last_error = "not probed yet"
+        self.probed_at = 0.0
+
+    async def reconnect(self) -> None:
+        old, self.client = self.client, grpcaio.InferenceServerClient(self.url)
+        if old is not None:
+            try:
+                await old.close()
+            except Exception:  # noqa: BLE001 - a dead channel may fail to close
+                pass
+
+    def mark_down(self, reason: str) -> None:
+        if self.healthy:
+            log.warning("triton %s is down: %s", self.url, reason)
+        self.healthy = False
+        self.last_error = reason
+        self.configs.clear()
+
+    def status(self) -> dict[str, Any]:
+        return {"url": self.url, "healthy": self.healthy, "active_streams": self.active,
+                "pipelines": sorted(self.pipelines), "last_error": None if self.healthy else self.last_error}
+
+
+class PoolStream:
+    """One Triton stream on one endpoint; iterate (audio, rate) chunks, then `aclose()`."""
+
+    def __init__(self, endpoint: TritonEndpoint, source: AsyncIterator, first: tuple[np.ndarray, int] | None):
+        self.endpoint = endpoint
+        self._source = source
+        self.first = first
+        self._closed = False
+
+    async def chunks(self) -> AsyncIterator[tuple[np.ndarray, int]]:
+        if self.first is None:
+            return
+        yield self.first
+        try:
+            async for chunk in self._source:
+                yield chunk
+        except grpc.RpcError as e:
+            self.endpoint.mark_down(f"{e.code().name}: {e.details()}")
+            raise no_backend(f"Triton at {self.endpoint.url} went away mid-stream") from None
+        except TritonStreamError as e:
+            raise from_triton(str(e)) from None
+
+    async def aclose(self) -> None:
+        """End the stream; if Triton is still producing, this cancels its request."""
+        if self._closed:
+            return
+        self._closed = True
+        self.endpoint.active -= 1
+        await self._source.aclose()
+
+
+class TritonPool:
+    def __init__(self, urls: list[str], catalog: Catalog, probe_interval_s: float = 1.0,
+                 probe_timeout_s: float = 2.0):
+        if not urls:
+            raise ValueError("at least one Triton URL is needed")
+        self.endpoints = [TritonEndpoint(u) for u in urls]
+        self.catalog = catalog
+        self.probe_interval_s = probe_interval_s
+        self.probe_timeout_s = probe_timeout_s
+        self._picks = itertools.count(1)
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        for ep in self.endpoints:
+            await ep.reconnect()
+        await self.probe_all()
+        self._task = asyncio.create_task(self._probe_forever())
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for ep in self.endpoints:
+            if ep.client is not None:
+                try:
+                    await ep.client.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            try:
+                await self.probe_all()
+            except Exception:  # noqa: BLE001 - the prober must survive anything
+                log.exception("probe failed")
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(ep) for ep in self.endpoints))
+        self.catalog.served = {name for ep in self.endpoints for name in ep.pipelines}
+
+    async def probe(self, ep: TritonEndpoint) -> None:
+        timeout = self.probe_timeout_s
+        was_healthy = ep.healthy
+        try:
+            if not ep.healthy:
+                await ep.reconnect()
+            if not await ep.client.is_server_ready(client_timeout=timeout):
+                raise RuntimeError("server is not ready")
+            index = await ep.client.get_model_repository_index(as_json=True, client_timeout=timeout)
+            pipelines: dict[str, str | None] = {}
+            for model in index.get("models", []):
+                name = model.get("name", "")
+                if model.get("state") != "READY":
+                    continue
+                if name not in ep.configs:
+                    reply = await ep.client.get_model_config(name, as_json=True, client_timeout=timeout)
+                    ep.configs[name] = reply.get("config", {})
+                config = ep.configs[name]
+                pipeline = entry_pipeline_name(name, config)
+                if pipeline:
+                    pipelines[pipeline] = ((config.get("parameters") or {}).get("model") or {}).get("string_value")
+        except Exception as e:  # noqa: BLE001 - any failure means "not usable now"
+            ep.mark_down(f"{type(e).__name__}: {e}")
+            ep.probed_at = time.monotonic()
+            return
+        ep.pipelines = pipelines
+        ep.healthy = True
+        ep.probed_at = time.monotonic()
+        for name, model_path in pipelines.items():
+            self.catalog.learn(name, model_path)
+        if not was_healthy:
+            log.info("triton %s is up, serving %s", ep.url, ", ".join(sorted(pipelines)) or "nothing")
+
+    def any_healthy(self) -> bool:
+        return any(ep.healthy for ep in self.endpoints)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [ep.status() for ep in self.endpoints]
+
+    def choose(self, pipeline: str, skip: list[TritonEndpoint]) -> TritonEndpoint | None:
+        candidates = [ep for ep in self.endpoints
+                      if ep.healthy and pipeline in ep.pipelines and ep not in skip]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda ep: (ep.active, ep.last_pick))
+
+    async def open_stream(self, pipeline: str, text: str, params: dict[str, Any],
+                          request_id: str) -> PoolStream:
+        """Start a stream and wait for its first audio, moving on from endpoints that fail."""
+        skip: list[TritonEndpoint] = []
+        busy: ApiError | None = None
+        reprobed = False
+        while True:
+            ep = self.choose(pipeline, skip)
+            if ep is None and not reprobed and not any(e.healthy for e in self.endpoints if e not in skip):
+                reprobed = True          # all looked down: maybe one just came back
+                await self.probe_all()
+                ep = self.choose(pipeline, skip)
+            if ep is None:
+                if busy is not None:
+                    raise busy
+                raise no_backend(f"No Triton endpoint can serve '{pipeline}' now "
+                                 f"({'; '.join(f'{e.url}: {e.last_error}' for e in self.endpoints if not e.healthy) or 'model not loaded'})")
+            ep.active += 1
+            ep.last_pick = next(self._picks)
+            source = astream(ep.client, pipeline, text, params or None, request_id)
+            try:
+                first = await source.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except grpc.RpcError as e:
+                ep.active -= 1
+                await source.aclose()
+                if e.code() in _ENDPOINT_DOWN:
+                    ep.mark_down(f"{e.code().name}: {e.details()}")
+                    skip.append(ep)
+                    continue
+                raise internal(f"Triton at {ep.url}: {e.code().name}: {e.details()}") from None
+            except TritonStreamError as e:
+                ep.active -= 1
+                message = str(e)
+                if any(s in message for s in _MODEL_MISSING):
+                    ep.pipelines.pop(pipeline, None)
+                    skip.append(ep)
+                    continue
+                error = from_triton(message)
+                if error.status == 429:   # this one is at capacity; another may not be
+                    busy = error
+                    skip.append(ep)
+                    continue
+                raise error from None
+            except BaseException:
+                ep.active -= 1
+                await source.aclose()
+                raise
+            return PoolStream(ep, source, first)

@@ -1,0 +1,249 @@
+"""The body of `POST /v1/audio/speech`: OpenAI's fields, our extensions, and their checks.
+
+Validation happens in two steps. `parse_speech_body` checks the shape every request must have
+(types, ranges, known field names) without knowing the model. `build_triton_params` then checks
+the request against the pipeline it resolved to (which extensions it accepts, its voices, how
+speed is realised) and produces the PARAMS object for Triton. Every problem is an `ApiError` 400
+naming the field.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from client.speech_api.catalog import CLONE_FIELDS, OPENAI_VOICES, PipelineInfo
+from client.speech_api.errors import ApiError, invalid_request
+from client.speech_api.speed import SpeedPlan, plan_speed
+
+MAX_INPUT_CHARS = 4096
+MAX_INSTRUCTIONS_CHARS = 4096
+RESPONSE_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+STREAM_FORMATS = ("audio", "sse")
+SPEED_RANGE = (0.25, 4.0)
+OPENAI_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed", "stream_format")
+# Extensions shared with vLLM-Omni's speech API; passed to pipelines whose adapter accepts them.
+EXTENSION_FIELDS = ("task_type", "language", "seed", "max_new_tokens", "initial_codec_chunk_frames",
+                    "ref_audio", "ref_text")
+MAX_REF_AUDIO_CHARS = 16 * 1024 * 1024
+# An extension may have another name in a pipeline's adapter; the first name it accepts is used.
+EXTENSION_PARAM_NAMES = {"initial_codec_chunk_frames": ("initial_codec_chunk_frames", "initial_chunk_frames")}
+
+
+@dataclass
+class SpeechRequest:
+    model: str
+    input: str
+    voice: str
+    response_format: str = "mp3"
+    speed: float = 1.0
+    stream_format: str = "audio"
+    instructions: str | None = None
+    extensions: dict[str, Any] = field(default_factory=dict)
+
+
+def _optional(body: dict, name: str) -> Any:
+    value = body.get(name)
+    return None if value is None else value
+
+
+def _string(body: dict, name: str, *, required: bool = False, max_len: int | None = None) -> str | None:
+    value = _optional(body, name)
+    if value is None:
+        if required:
+            raise invalid_request(name, f"{name}: is required", code="missing_required_parameter")
+        return None
+    if not isinstance(value, str):
+        raise invalid_request(name, f"{name}: must be a string, got {type(value).__name__}")
+    if max_len is not None and len(value) > max_len:
+        raise invalid_request(name, f"{name}: is {len(value)} characters; the limit is {max_len}",
+                              code="string_above_max_length")
+    return value
+
+
+def _integer(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
+    value = _optional(body, name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise invalid_request(name, f"{name}: must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise invalid_request(name, f"{name}: must be {bound}, got {value}")
+    return value
+
+
+def _choice(body: dict, name: str, choices: tuple[str, ...], default: str) -> str:
+    value = _string(body, name)
+    if value is None:
+        return default
+    if value not in choices:
+        raise invalid_request(name, f"{name}: unknown value {value!r}; use one of {', '.join(choices)}")
+    return value
+
+
+def _voice(body: dict) -> str:
+    value = _optional(body, "voice")
+    if isinstance(value, dict):  # OpenAI's custom-voice form {"id": "..."}
+        unknown = set(value) - {"id"}
+        if unknown:
+            raise invalid_request("voice", f"voice: unknown key(s) {', '.join(sorted(unknown))}; use {{\"id\": ...}}")
+        value = value.get("id")
+        if not isinstance(value, str):
+            raise invalid_request("voice", "voice: {\"id\": ...} must hold a string")
+    elif value is None:
+        raise invalid_request("voice", "voice: is required", code="missing_required_parameter")
+    elif not isinstance(value, str):
+        raise invalid_request("voice", f"voice: must be a string or {{\"id\": ...}}, got {type(value).__name__}")
+    if not value.strip():
+        raise invalid_request("voice", "voice: is empty")
+    return value.strip()
+
+
+def _speed(body: dict) -> float:
+    value = _optional(body, "speed")
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise invalid_request("speed", f"speed: must be a number, got {value!r}")
+    lo, hi = SPEED_RANGE
+    if not lo <= value <= hi:
+        raise invalid_request("speed", f"speed: must be in [{lo}, {hi}], got {value}")
+    return float(value)
+
+
+def _ref_audio(value: str) -> str:
+    """A data URL (`data:audio/wav;base64,...`); URLs and file paths are never fetched."""
+    if len(value) > MAX_REF_AUDIO_CHARS:
+        raise invalid_request("ref_audio", f"ref_audio: larger than {MAX_REF_AUDIO_CHARS} characters")
+    head, sep, payload = value.partition(",")
+    if not (value.startswith("data:") and sep and head.endswith(";base64")):
+        raise invalid_request("ref_audio", "ref_audio: must be a data URL like data:audio/wav;base64,...")
+    try:
+        if not base64.b64decode(payload, validate=True):
+            raise ValueError("empty")
+    except (binascii.Error, ValueError):
+        raise invalid_request("ref_audio", "ref_audio: the data URL's payload is empty or not valid base64") from None
+    return value
+
+
+def parse_speech_body(body: Any) -> SpeechRequest:
+    """Check a decoded JSON body; model-independent."""
+    if not isinstance(body, dict):
+        raise invalid_request(None, "The request body must be a JSON object")
+    unknown = [k for k in body if k not in OPENAI_FIELDS and k not in EXTENSION_FIELDS]
+    if unknown:
+        allowed = ", ".join(OPENAI_FIELDS + EXTENSION_FIELDS)
+        raise invalid_request(unknown[0], f"{unknown[0]}: unknown field; allowed: {allowed}",
+                              code="unknown_parameter")
+    model = _string(body, "model", required=True)
+    if not model.strip():
+        raise invalid_request("model", "model: is empty")
+    text = _string(body, "input", required=True, max_len=MAX_INPUT_CHARS)
+    if not text.strip():
+        raise invalid_request("input", "input: is empty")
+    req = SpeechRequest(
+        model=model.strip(), input=text, voice=_voice(body),
+        response_format=_choice(body, "response_format", RESPONSE_FORMATS, "mp3"),
+        speed=_speed(body),
+        stream_format=_choice(body, "stream_format", STREAM_FORMATS, "audio"),
+        instructions=_string(body, "instructions", max_len=MAX_INSTRUCTIONS_CHARS),
+    )
+    ext: dict[str, Any] = {}
+    for name in ("task_type", "language", "ref_text"):
+        value = _string(body, name, max_len=MAX_INPUT_CHARS)
+        if value is not None:
+            ext[name] = value
+    for name, lo, hi in (("seed", 0, 2**63 - 1), ("max_new_tokens", 1, None),
+                         ("initial_codec_chunk_frames", 1, None)):
+        value = _integer(body, name, lo, hi)
+        if value is not None:
+            ext[name] = value
+    ref_audio = _string(body, "ref_audio")
+    if ref_audio is not None:
+        ext["ref_audio"] = _ref_audio(ref_audio)
+    req.extensions = {name: ext[name] for name in EXTENSION_FIELDS if name in ext}
+    return req
+
+
+@dataclass
+class TritonRequest:
+    """What goes to the pipeline's entry model, and what the shim does itself."""
+    pipeline: str
+    text: str
+    params: dict[str, Any]
+    speed: SpeedPlan
+    ignored: list[str] = field(default_factory=list)
+
+
+def _check_field(info: PipelineInfo, name: str, value: Any, field: str | None = None) -> Any:
+    """Run the adapter's own validator so the 400 comes before any audio is computed; the error
+    names the request's `field` (the OpenAI / extension name)."""
+    field = field or name
+    spec = (info.fields or {}).get(name)
+    if spec is None or spec.check is None:
+        return value
+    try:
+        return spec.check(value)
+    except Exception as e:  # InvalidRequest from the adapter: "invalid_request: <name>: ..."
+        detail = str(e)
+        for prefix in ("invalid_request: ", f"{name}: "):
+            if detail.startswith(prefix):
+                detail = detail[len(prefix):]
+        raise invalid_request(field, f"{field}: {detail}") from None
+
+
+def build_triton_params(req: SpeechRequest, info: PipelineInfo) -> TritonRequest:
+    """Check the request against the resolved pipeline and produce Triton's PARAMS."""
+    params: dict[str, Any] = {}
+    ignored: list[str] = []
+
+    for name, value in req.extensions.items():
+        if name in CLONE_FIELDS and info.known and not info.clones_voices:
+            raise invalid_request(name, f"{name}: model '{info.name}' does not clone voices; "
+                                        f"use one of its voices instead")
+        target = next((n for n in EXTENSION_PARAM_NAMES.get(name, (name,)) if info.accepts(n)), None)
+        if target is None:
+            allowed = ", ".join(sorted(info.fields or {}))
+            raise invalid_request(name, f"{name}: not supported by model '{info.name}'"
+                                        f" (it accepts: {allowed or 'no extra fields'})",
+                                  code="unsupported_parameter")
+        params[target] = _check_field(info, target, value, field=name)
+
+    # OpenAI's stock voice names (alloy, nova, ...) mean "the model's default voice" unless the
+    # model really has a voice of that name: the voice is then left out and the model decides.
+    voice_spec = info.voice_field
+    stock = req.voice.lower() in OPENAI_VOICES
+    if voice_spec is not None:
+        if voice_spec.choices and req.voice.lower() not in voice_spec.choices:
+            if not stock:
+                raise invalid_request("voice", f"voice: unknown voice {req.voice!r} for model "
+                                               f"'{info.name}'; available: {', '.join(voice_spec.choices)}")
+        elif not (stock and not voice_spec.choices):
+            params[voice_spec.name] = _check_field(info, voice_spec.name, req.voice, field="voice")
+    elif not info.known:
+        if not stock:
+            params["voice"] = req.voice
+    elif not stock and not info.clones_voices:
+        raise invalid_request("voice", f"voice: model '{info.name}' has no selectable voices")
+
+    if req.instructions:
+        if info.known and "instructions" in info.fields:
+            params["instructions"] = _check_field(info, "instructions", req.instructions)
+        elif not info.known:
+            params["instructions"] = req.instructions
+        else:
+            ignored.append("instructions")
+
+    speed = plan_speed(req.speed, info.native_speed)
+    if speed.native != 1.0:
+        params["speed"] = speed.native
+    return TritonRequest(pipeline=info.name, text=req.input, params=params, speed=speed, ignored=ignored)
+
+
+def body_error(exc: Exception) -> ApiError:
+    return invalid_request(None, f"The request body is not valid JSON ({exc})", code="invalid_json")

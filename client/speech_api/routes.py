@@ -1,0 +1,125 @@
+"""The HTTP surface: speech, models, voices, health and the web page."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, JSONResponse
+
+from client.speech_api.encoders import CONTENT_TYPES
+from client.speech_api.encoders.pcm import PCM_RATE
+from client.speech_api.errors import ApiError, model_not_found, no_backend
+from client.speech_api.request import body_error, build_triton_params, parse_speech_body
+from client.speech_api.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
+from client.speech_api.response import AudioStreamResponse
+from client.speech_api.synthesis import SpeechSynthesis
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+MAX_BODY_BYTES = 24 * 1024 * 1024
+router = APIRouter()
+
+
+def _shim(request: Request):
+    return request.app.state.shim
+
+
+def _authorize(request: Request) -> None:
+    _shim(request).api_keys.check(request.headers.get("authorization"))
+
+
+async def _resolve(request: Request, model: str) -> str:
+    """The pipeline behind `model`: 404 when Triton is up and lacks it, 503 when none is up."""
+    shim = _shim(request)
+    pipeline = shim.catalog.resolve(model)
+    if pipeline is None and not shim.pool.any_healthy():
+        await shim.pool.probe_all()
+        pipeline = shim.catalog.resolve(model)
+    if pipeline is None:
+        if not shim.pool.any_healthy():
+            raise no_backend("No Triton server is reachable", shim.config.retry_after_s * 2)
+        raise model_not_found(model, shim.catalog.model_names())
+    return pipeline
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> FileResponse:
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    shim = _shim(request)
+    tritons = shim.pool.status()
+    ready = any(t["healthy"] and t["pipelines"] for t in tritons)
+    body = {"status": "ok" if ready else "unavailable", "tritons": tritons,
+            "models": shim.catalog.model_names()}
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    _authorize(request)
+    shim = _shim(request)
+    created = int(shim.started_at)
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "omni-triton-tts",
+             "pipeline": shim.catalog.resolve(name)} for name in shim.catalog.model_names()]
+    return JSONResponse({"object": "list", "data": data})
+
+
+@router.get("/v1/models/{model}")
+async def get_model(request: Request, model: str) -> JSONResponse:
+    _authorize(request)
+    shim = _shim(request)
+    pipeline = await _resolve(request, model)
+    return JSONResponse({"id": model, "object": "model", "created": int(shim.started_at),
+                         "owned_by": "omni-triton-tts", "pipeline": pipeline})
+
+
+@router.get("/v1/audio/voices")
+async def list_voices(request: Request) -> JSONResponse:
+    """`{"model", "voices": [...], "default"}` for `?model=` (default: the default pipeline),
+    plus `models`: every pipeline's voices."""
+    _authorize(request)
+    shim = _shim(request)
+    model = request.query_params.get("model") or shim.config.default_pipeline
+    pipeline = await _resolve(request, model)
+    info = shim.catalog.get(pipeline)
+    every = {name: p.voices for name, p in sorted(shim.catalog.pipelines().items())}
+    return JSONResponse({"model": pipeline, "voices": info.voices, "default": info.default_voice,
+                         "clones_voices": info.clones_voices, "models": every})
+
+
+@router.post("/v1/audio/speech")
+async def create_speech(request: Request):
+    _authorize(request)
+    shim = _shim(request)
+    access = request.state.access
+    raw = bytearray()
+    async for part in request.stream():
+        raw += part
+        if len(raw) > MAX_BODY_BYTES:
+            raise ApiError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes",
+                           type="invalid_request_error", code="request_too_large")
+    try:
+        body = json.loads(bytes(raw))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise body_error(e) from None
+    speech = parse_speech_body(body)
+    pipeline = await _resolve(request, speech.model)
+    info = shim.catalog.get(pipeline)
+    triton_request = build_triton_params(speech, info)
+    access.update(model=pipeline, format=speech.response_format,
+                  stream=speech.stream_format, speed=speech.speed)
+    synthesis = SpeechSynthesis(shim.pool, shim.limiter, triton_request, speech.response_format,
+                                speech.stream_format, request.state.request_id, access)
+    await synthesis.start()
+    headers = {"x-omni-model": pipeline, "x-omni-ttfa-ms": f"{access['ttfa_ms']:.1f}",
+               "x-omni-sample-rate": str(PCM_RATE if speech.response_format == "pcm" else synthesis.sample_rate)}
+    if triton_request.ignored:
+        headers["x-omni-ignored-fields"] = ",".join(triton_request.ignored)
+    media = SSE_CONTENT_TYPE if speech.stream_format == "sse" else CONTENT_TYPES[speech.response_format]
+    return AudioStreamResponse(synthesis.body(), media_type=media, headers=headers)
+
+
+__all__ = ["router", "STATIC_DIR"]

@@ -1,0 +1,226 @@
+// The speech page: stream POST /v1/audio/speech, play pcm with Web Audio as it arrives, and
+// report time to first audio (click -> first audio bytes) and real-time factor.
+"use strict";
+
+const PCM_RATE = 24000;
+const $ = (id) => document.getElementById(id);
+
+// Everything a test (or a curious person in the console) needs to read the outcome.
+const state = (window.omniSpeech = {
+  ready: false, phase: "idle", error: null, ttfaMs: null, serverTtfaMs: null,
+  totalMs: null, audioSeconds: 0, rtf: null, bytes: 0, chunks: 0, format: null,
+});
+
+let controller = null;
+let audioContext = null;
+
+function setPhase(phase) {
+  state.phase = phase;
+  document.body.dataset.phase = phase;
+  $("play").disabled = phase === "streaming" || !state.ready;
+  $("stop").disabled = phase !== "streaming";
+}
+
+function setStatus(text, isError = false) {
+  $("status").textContent = text;
+  $("status").className = isError ? "error" : "";
+}
+
+function authHeaders() {
+  const key = $("apikey").value.trim();
+  localStorage.setItem("omniApiKey", key);
+  return key ? { authorization: `Bearer ${key}` } : {};
+}
+
+async function getJson(path) {
+  const resp = await fetch(path, { headers: authHeaders() });
+  const body = await resp.json();
+  if (!resp.ok) throw new Error(body?.error?.message || `${resp.status}`);
+  return body;
+}
+
+function fill(select, values, selected) {
+  select.replaceChildren(...values.map(([value, label]) => {
+    const option = new Option(label, value);
+    option.selected = value === selected;
+    return option;
+  }));
+}
+
+async function loadVoices() {
+  try {
+    const body = await getJson(`/v1/audio/voices?model=${encodeURIComponent($("model").value)}`);
+    const voices = body.voices.length ? body.voices.map((v) => [v, v]) : [["alloy", "(model default)"]];
+    fill($("voice"), voices, body.default);
+  } catch (e) {
+    setStatus(`voices: ${e.message}`, true);
+  }
+}
+
+async function loadModels() {
+  try {
+    const body = await getJson("/v1/models");
+    const models = body.data.map((m) => [m.id, m.id === m.pipeline ? m.id : `${m.id} → ${m.pipeline}`]);
+    fill($("model"), models, models.length ? models[0][0] : null);
+    await loadVoices();
+    state.ready = models.length > 0;
+    setStatus(state.ready ? "" : "no model is loaded in Triton", !state.ready);
+  } catch (e) {
+    state.ready = false;
+    setStatus(`models: ${e.message}`, true);
+  }
+  setPhase(state.phase);
+}
+
+function show() {
+  const ms = (v) => (v == null ? "–" : `${v.toFixed(0)} ms`);
+  $("ttfa").textContent = ms(state.ttfaMs);
+  $("server-ttfa").textContent = ms(state.serverTtfaMs);
+  $("total").textContent = ms(state.totalMs);
+  $("audio").textContent = state.audioSeconds ? `${state.audioSeconds.toFixed(2)} s` : "–";
+  $("rtf").textContent = state.rtf == null ? "–" : state.rtf.toFixed(3);
+  $("bytes").textContent = state.bytes ? state.bytes.toLocaleString() : "–";
+}
+
+// s16le bytes -> float samples; a byte left over from an odd-sized chunk waits for the next.
+function pcmDecoder() {
+  let carry = null;
+  return (bytes) => {
+    let data = bytes;
+    if (carry) {
+      data = new Uint8Array(carry.length + bytes.length);
+      data.set(carry);
+      data.set(bytes, carry.length);
+      carry = null;
+    }
+    const whole = data.length - (data.length % 2);
+    if (whole < data.length) carry = data.slice(whole);
+    const view = new DataView(data.buffer, data.byteOffset, whole);
+    const out = new Float32Array(whole / 2);
+    for (let i = 0; i < out.length; i++) out[i] = view.getInt16(2 * i, true) / 32768;
+    return out;
+  };
+}
+
+// Gapless playback: each chunk starts exactly where the previous one ends.
+function pcmPlayer(ctx) {
+  let next = 0;
+  return (samples) => {
+    if (!samples.length) return;
+    const buffer = ctx.createBuffer(1, samples.length, PCM_RATE);
+    buffer.copyToChannel(samples, 0);
+    const source = ctx.createBufferSource();
+    source.buffer = buffer;
+    source.connect(ctx.destination);
+    const when = Math.max(next, ctx.currentTime + 0.03);
+    source.start(when);
+    next = when + buffer.duration;
+  };
+}
+
+async function durationOf(blob) {
+  try {
+    const ctx = new OfflineAudioContext(1, 1, 48000);
+    const decoded = await ctx.decodeAudioData(await blob.arrayBuffer());
+    return decoded.duration;
+  } catch (e) {
+    return 0;
+  }
+}
+
+async function play() {
+  stop();
+  const format = $("format").value;
+  Object.assign(state, { error: null, ttfaMs: null, serverTtfaMs: null, totalMs: null, audioSeconds: 0,
+                         rtf: null, bytes: 0, chunks: 0, format });
+  show();
+  setPhase("streaming");
+  setStatus("streaming…");
+  $("player").hidden = true;
+  controller = new AbortController();
+  const t0 = performance.now();
+  // Created inside the click: browsers only let a user gesture start audio.
+  if (format === "pcm") {
+    audioContext = new AudioContext({ sampleRate: PCM_RATE });
+    audioContext.resume();
+  }
+  try {
+    const resp = await fetch("/v1/audio/speech", {
+      method: "POST",
+      signal: controller.signal,
+      headers: { "content-type": "application/json", ...authHeaders() },
+      body: JSON.stringify({
+        model: $("model").value, voice: $("voice").value, input: $("text").value,
+        response_format: format, speed: parseFloat($("speed").value) || 1,
+      }),
+    });
+    if (!resp.ok) {
+      let message = `${resp.status}`;
+      try { message = (await resp.json()).error.message; } catch (e) { /* not JSON */ }
+      throw new Error(`${resp.status}: ${message}`);
+    }
+    const serverTtfa = parseFloat(resp.headers.get("x-omni-ttfa-ms"));
+    state.serverTtfaMs = Number.isFinite(serverTtfa) ? serverTtfa : null;
+    const decode = pcmDecoder();
+    const schedule = format === "pcm" ? pcmPlayer(audioContext) : null;
+    const parts = [];
+    const reader = resp.body.getReader();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      if (!value.length) continue;
+      if (state.ttfaMs === null) state.ttfaMs = performance.now() - t0;
+      state.bytes += value.length;
+      state.chunks += 1;
+      if (schedule) {
+        const samples = decode(value);
+        schedule(samples);
+        state.audioSeconds += samples.length / PCM_RATE;
+      } else {
+        parts.push(value);
+      }
+      show();
+    }
+    state.totalMs = performance.now() - t0;
+    if (!schedule) {
+      const blob = new Blob(parts, { type: resp.headers.get("content-type") || "audio/mpeg" });
+      state.audioSeconds = await durationOf(blob);
+      const player = $("player");
+      player.src = URL.createObjectURL(blob);
+      player.hidden = false;
+      player.play().catch(() => {});
+    }
+    state.rtf = state.audioSeconds ? state.totalMs / 1000 / state.audioSeconds : null;
+    show();
+    setStatus(`done: ${state.audioSeconds.toFixed(2)} s of ${format} audio`);
+    setPhase("done");
+  } catch (e) {
+    if (e.name === "AbortError") {
+      setStatus("stopped");
+      setPhase("stopped");
+    } else {
+      state.error = e.message;
+      setStatus(e.message, true);
+      setPhase("error");
+    }
+  } finally {
+    controller = null;
+  }
+}
+
+// Stop the download (which cancels the stream in Triton) and silence what is scheduled.
+function stop() {
+  if (controller) controller.abort();
+  if (audioContext) {
+    audioContext.close();
+    audioContext = null;
+  }
+}
+
+$("apikey").value = localStorage.getItem("omniApiKey") || "";
+$("model").addEventListener("change", loadVoices);
+$("apikey").addEventListener("change", loadModels);
+$("play").addEventListener("click", play);
+$("stop").addEventListener("click", stop);
+setPhase("idle");
+loadModels();

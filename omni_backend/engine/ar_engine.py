@@ -1,0 +1,159 @@
+"""The synchronous AR engine: continuous batching over a model runner.
+
+``step()`` does, in order: drop cancelled requests (their slots are free for this step), admit
+waiting requests into free slots and prefill them (at most ``max_prefills_per_step``), then
+advance every running request by one frame in one batched ``decode`` call. It returns the frames
+made in this step as :class:`FrameEvent`\\ s, so frames leave the engine as they are made. A
+runner exception ends the requests it hit with a ``finish_reason="error"`` event (``error`` holds
+the message); the engine keeps serving the others.
+
+``add_request`` and ``cancel`` may be called from any thread; ``step`` from one thread at a time
+(:class:`~omni_backend.engine.async_engine.AsyncEngine` runs it on its own thread).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Iterable, Optional
+
+import torch
+
+from .model_runner import ModelRunner, StepOutput
+from .scheduler import Scheduler
+from .sequence import FrameEvent, SamplingParams, Sequence
+
+__all__ = ["AREngine", "DuplicateRequestError"]
+
+logger = logging.getLogger(__name__)
+
+
+class DuplicateRequestError(ValueError):
+    pass
+
+
+class AREngine:
+    def __init__(self, runner: ModelRunner, max_num_seqs: Optional[int] = None, max_prefills_per_step: int = 1,
+                 num_threads: Optional[int] = None, default_params: Optional[SamplingParams] = None) -> None:
+        """``num_threads`` sets torch's intra-op threads for this process (None: leave as is)."""
+        if num_threads is not None:
+            torch.set_num_threads(int(num_threads))
+        self.runner = runner
+        max_num_seqs = runner.max_num_seqs if max_num_seqs is None else max_num_seqs
+        if max_num_seqs > runner.max_num_seqs:
+            raise ValueError(f"max_num_seqs {max_num_seqs} exceeds the runner's {runner.max_num_seqs} slots")
+        self.scheduler = Scheduler(max_num_seqs, max_prefills_per_step)
+        self.default_params = default_params or SamplingParams()
+        self._lock = threading.Lock()
+        self._incoming: list[Sequence] = []
+        self._cancels: list[str] = []
+        self._known: set[str] = set()   # request ids added and not yet ended
+
+    # -- thread-safe entry points
+    def add_request(self, request_id: str, prompt: Any, params: Optional[SamplingParams] = None) -> Sequence:
+        """Queue a request. Raises ``ValueError`` (an ``InvalidRequest``) for bad parameters or a
+        prompt that can never fit, and :class:`DuplicateRequestError` for a request id in use."""
+        params = (params or self.default_params).validate()
+        self.runner.check(prompt, params)
+        seq = Sequence(request_id, prompt, params)
+        with self._lock:
+            if request_id in self._known:
+                raise DuplicateRequestError(f"request id {request_id!r} is already in the engine")
+            self._known.add(request_id)
+            self._incoming.append(seq)
+        return seq
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop a request; its slot is freed at the next step, which emits its ``cancelled`` end
+        event. Returns False if the request is unknown or already ended."""
+        with self._lock:
+            if request_id not in self._known:
+                return False
+            self._cancels.append(request_id)
+            return True
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._known)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    # -- the step
+    def step(self) -> list[FrameEvent]:
+        with self._lock:
+            incoming, self._incoming = self._incoming, []
+            cancels, self._cancels = self._cancels, []
+        for seq in incoming:
+            self.scheduler.add(seq)
+        events: list[FrameEvent] = []
+        for request_id in dict.fromkeys(cancels):
+            seq = self.scheduler.find(request_id)
+            if seq is not None:
+                self._end(seq, "cancelled", events, codes=None)
+
+        with torch.inference_mode():
+            for seq in self.scheduler.admit():
+                try:
+                    out = self.runner.prefill(seq)
+                except Exception as exc:  # the request ends with an error event; others go on
+                    logger.exception("prefill of %s failed", seq.request_id)
+                    self._end(seq, "error", events, codes=None, error=f"{type(exc).__name__}: {exc}")
+                    continue
+                if out is not None:
+                    self._emit(out, events)
+            batch = self.scheduler.decoding()
+            if batch:
+                try:
+                    outputs = self.runner.decode(batch)
+                except Exception as exc:
+                    logger.exception("decode step failed for %d requests", len(batch))
+                    for seq in batch:
+                        self._end(seq, "error", events, codes=None, error=f"{type(exc).__name__}: {exc}")
+                    outputs = []
+                for out in outputs:
+                    self._emit(out, events)
+        return events
+
+    def _emit(self, out: StepOutput, events: list[FrameEvent]) -> None:
+        seq = out.seq
+        if out.codes is not None:
+            if out.finished:
+                self._end(seq, out.finish_reason or "stop", events, codes=out.codes)
+            else:
+                events.append(FrameEvent(seq.request_id, out.codes, False, None, seq.num_frames))
+                seq.num_frames += 1
+        elif out.finished:
+            self._end(seq, out.finish_reason or "stop", events, codes=None)
+
+    def _end(self, seq: Sequence, reason: str, events: list[FrameEvent], codes: Optional[list[int]],
+             error: Optional[str] = None) -> None:
+        events.append(FrameEvent(seq.request_id, codes, True, reason, seq.num_frames, error))
+        if codes is not None:
+            seq.num_frames += 1
+        self.runner.release(seq)
+        self.scheduler.finish(seq, reason)
+        with self._lock:
+            self._known.discard(seq.request_id)
+
+    # -- convenience
+    def run_until_done(self, max_steps: Optional[int] = None) -> list[FrameEvent]:
+        events: list[FrameEvent] = []
+        steps = 0
+        while self.has_unfinished():
+            events.extend(self.step())
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                break
+        return events
+
+    def generate(self, requests: Iterable[tuple[str, Any, Optional[SamplingParams]]]) -> dict[str, list[list[int]]]:
+        """Run requests to completion; frames per request id (for tests and scripts)."""
+        for request_id, prompt, params in requests:
+            self.add_request(request_id, prompt, params)
+        frames: dict[str, list[list[int]]] = {}
+        for event in self.run_until_done():
+            bucket = frames.setdefault(event.request_id, [])
+            if event.codes is not None:
+                bucket.append(event.codes)
+        return frames

@@ -1,0 +1,157 @@
+"""An asyncio-friendly wrapper around :class:`AREngine` (Triton-free).
+
+A background thread runs ``engine.step()`` while requests exist and sleeps otherwise. Each
+request gets a :class:`FrameStream`, an async iterator of its :class:`FrameEvent`\\ s that ends
+after the request's last event. Frames are handed to the request's event loop as soon as the
+step that made them returns.
+
+    engine = AsyncEngine(AREngine(runner, num_threads=2))
+    stream = engine.add_request("req-1", prompt, params)   # inside a running event loop
+    async for event in stream:
+        ...  # event.codes, event.finished, event.finish_reason
+    engine.cancel("req-1")                                 # or: await stream.aclose()
+    engine.close()
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any, Optional
+
+from .ar_engine import AREngine
+from .sequence import FrameEvent, SamplingParams
+
+__all__ = ["AsyncEngine", "FrameStream", "EngineClosedError"]
+
+logger = logging.getLogger(__name__)
+
+
+class EngineClosedError(RuntimeError):
+    pass
+
+
+class FrameStream:
+    """The events of one request, in order; the last one has ``finished=True``."""
+
+    def __init__(self, engine: "AsyncEngine", request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False
+
+    def _push(self, item: Any) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> "FrameStream":
+        return self
+
+    async def __anext__(self) -> FrameEvent:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
+
+    def cancel(self) -> bool:
+        return self._engine.cancel(self.request_id)
+
+    async def aclose(self) -> None:
+        """Cancel the request if it is still running and drain its events."""
+        if self.finished:
+            return
+        self.cancel()
+        async for _ in self:
+            pass
+
+
+class AsyncEngine:
+    def __init__(self, engine: AREngine, start: bool = True) -> None:
+        self.engine = engine
+        self._streams: dict[str, FrameStream] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ar-engine", daemon=True)
+            self._thread.start()
+
+    def add_request(self, request_id: str, prompt: Any, params: Optional[SamplingParams] = None) -> FrameStream:
+        """Queue a request (call from a running event loop). Bad parameters raise here."""
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        loop = asyncio.get_running_loop()
+        stream = FrameStream(self, request_id, loop)
+        with self._lock:
+            self.engine.add_request(request_id, prompt, params)
+            self._streams[request_id] = stream
+        self._wake.set()
+        return stream
+
+    def cancel(self, request_id: str) -> bool:
+        """Thread-safe; the request's stream ends with a ``cancelled`` event."""
+        cancelled = self.engine.cancel(request_id)
+        self._wake.set()
+        return cancelled
+
+    @property
+    def num_requests(self) -> int:
+        with self._lock:
+            return len(self._streams)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread; every open stream ends with ``EngineClosedError``."""
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            self._deliver(stream, EngineClosedError("the engine was closed"))
+
+    async def __aenter__(self) -> "AsyncEngine":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    # -- engine thread
+    def _deliver(self, stream: FrameStream, item: Any) -> None:
+        try:
+            stream._loop.call_soon_threadsafe(stream._push, item)
+        except RuntimeError:  # the stream's loop is closed: nobody is listening
+            pass
+
+    def _run(self) -> None:
+        while not self._closed:
+            if not self.engine.has_unfinished():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                events = self.engine.step()
+            except Exception as exc:  # a bug in the engine itself: fail every open stream
+                logger.exception("engine step failed")
+                with self._lock:
+                    streams, self._streams = list(self._streams.values()), {}
+                for stream in streams:
+                    self.engine.cancel(stream.request_id)
+                    self._deliver(stream, exc)
+                continue
+            for event in events:
+                with self._lock:
+                    stream = (self._streams.pop(event.request_id, None) if event.finished
+                              else self._streams.get(event.request_id))
+                if stream is not None:
+                    self._deliver(stream, event)

@@ -1,0 +1,52 @@
+"""`builtin:qwen3_tts_tiny_random`: a tiny random-weight Qwen3-TTS that runs out of the box.
+
+It speaks noise (random weights); it exists so the two-stage path (AR engine -> code2wav) can be
+served and tested without a user checkpoint. The folder is written once, deterministically, in
+the released layout, and shared by the entry, talker and code2wav processes: the first writer
+wins under a file lock, the others reuse it.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+BUILTIN = {
+    # name: (size, model type, seed)
+    "qwen3_tts_tiny_random": ("tiny", "custom_voice", 0),
+}
+_VERSION = "v1"  # bump when the writer changes what it writes
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("OMNI_CACHE_DIR", Path.home() / ".cache" / "omni-triton"))
+
+
+def resolve_checkpoint(model: str) -> str:
+    """A checkpoint folder for `model`: a path as given, or a built-in written on first use."""
+    if not model.startswith("builtin:"):
+        return model
+    name = model.split(":", 1)[1]
+    if name not in BUILTIN:
+        raise ValueError(f"unknown built-in checkpoint {model!r}; known: "
+                         f"{', '.join('builtin:' + n for n in BUILTIN)}")
+    size, model_type, seed = BUILTIN[name]
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{name}-{_VERSION}"
+    if (target / ".complete").exists():
+        return str(target)
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / ".complete").exists():
+            from omni_backend.models.qwen3_tts.random_checkpoint import write_random_checkpoint
+
+            tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+            write_random_checkpoint(str(tmp), size, model_type, seed)
+            (tmp / ".complete").write_text("random weights: speaks noise\n")
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.rename(target)
+    return str(target)

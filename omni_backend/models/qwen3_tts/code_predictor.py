@@ -1,0 +1,99 @@
+"""The code predictor ("sub-talker", ``talker.code_predictor.*``): a small Qwen3 decoder that,
+for each frame, predicts codebooks 1..15 from the talker's last hidden state and codebook 0.
+
+Per frame it runs a 2-token prefill ``[talker hidden, embedding(cb0)]`` into a fresh cache, then
+14 single-token steps; step ``i`` embeds codebook ``i`` with ``codec_embedding[i-1]`` and
+predicts codebook ``i+1`` with ``lm_head[i]``. Inputs are talker-sized and go through
+``small_to_mtp_projection`` when the two hidden sizes differ (1.7B).
+
+Here a whole batch of frames (one per running request) advances together: every row is at the
+same position, so each row's cache lives in row ``b`` of a small static cache.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from omni_backend.engine.kv_cache import StaticKVCache
+
+from .config import CodePredictorConfig, TalkerConfig
+from .layers import BatchInvariantOps, CodePredictorRotary, DecoderLayer, RMSNorm
+
+__all__ = ["CodePredictor", "CodePredictorModel"]
+
+
+class CodePredictorModel(nn.Module):
+    """Checkpoint prefix ``talker.code_predictor.model.``."""
+
+    def __init__(self, config: CodePredictorConfig, embedding_dim: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([
+            DecoderLayer(config.hidden_size, config.intermediate_size, config.num_attention_heads,
+                         config.num_key_value_heads, config.head_dim, config.rms_norm_eps, config.hidden_act,
+                         config.attention_bias)
+            for _ in range(config.num_hidden_layers)
+        ])
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.codec_embedding = nn.ModuleList(
+            [nn.Embedding(config.vocab_size, embedding_dim) for _ in range(config.num_code_groups - 1)])
+
+
+class CodePredictor(nn.Module):
+    """Checkpoint prefix ``talker.code_predictor.``."""
+
+    def __init__(self, config: CodePredictorConfig, talker_config: TalkerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = CodePredictorModel(config, talker_config.hidden_size)
+        self.lm_head = nn.ModuleList(
+            [nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(config.num_code_groups - 1)])
+        if config.hidden_size != talker_config.hidden_size:
+            self.small_to_mtp_projection = nn.Linear(talker_config.hidden_size, config.hidden_size, bias=True)
+        else:
+            self.small_to_mtp_projection = None
+
+    @property
+    def num_steps(self) -> int:
+        """Codebooks predicted per frame (15)."""
+        return self.config.num_code_groups - 1
+
+    def new_cache(self, max_rows: int, dtype: torch.dtype, device: torch.device) -> StaticKVCache:
+        return StaticKVCache(len(self.model.layers), max_rows, self.config.num_key_value_heads,
+                             self.config.num_code_groups, self.config.head_dim, dtype, device)
+
+    def new_rotary(self, dtype: torch.dtype, device: torch.device) -> CodePredictorRotary:
+        return CodePredictorRotary(self.config.rope_theta, self.config.head_dim, self.num_steps, dtype, device)
+
+    def _project(self, embeds: torch.Tensor, ops: BatchInvariantOps) -> torch.Tensor:
+        if self.small_to_mtp_projection is None:
+            return embeds
+        return ops.linear(embeds, self.small_to_mtp_projection.weight, self.small_to_mtp_projection.bias)
+
+    def _run(self, embeds: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, cache: StaticKVCache,
+             ops: BatchInvariantOps) -> torch.Tensor:
+        hidden = self._project(embeds, ops)
+        for index, layer in enumerate(self.model.layers):
+            hidden = layer(hidden, lambda h, i=index, l=layer: l.self_attn.block(h, cos, sin, ops, cache, i, start),
+                           ops)
+        return self.model.norm(hidden)
+
+    def first(self, talker_hidden: torch.Tensor, cb0_embed: torch.Tensor, cache: StaticKVCache,
+              rotary: CodePredictorRotary, ops: BatchInvariantOps) -> torch.Tensor:
+        """The 2-token prefill of a batch of frames: ``talker_hidden`` and ``cb0_embed`` are
+        ``[B, 1, talker_hidden]``. Returns the float32 logits ``[B, vocab]`` of codebook 1."""
+        cos, sin = rotary.prefill_table
+        hidden = self._run(torch.cat((talker_hidden, cb0_embed), dim=1), 0, cos, sin, cache, ops)
+        return ops.linear(hidden, self.lm_head[0].weight)[:, -1, :].to(torch.float32)
+
+    def next(self, step: int, codes: torch.Tensor, cache: StaticKVCache, rotary: CodePredictorRotary,
+             ops: BatchInvariantOps) -> torch.Tensor:
+        """Step ``step`` (1..14): embed codebook ``step`` (``codes`` ``[B]``) and return the float32
+        logits ``[B, vocab]`` of codebook ``step + 1``."""
+        embeds = self.model.codec_embedding[step - 1](codes.view(-1, 1))
+        cos, sin = rotary.at(step + 1)
+        hidden = self._run(embeds, step + 1, cos, sin, cache, ops)
+        return ops.linear(hidden, self.lm_head[step].weight)[:, -1, :].to(torch.float32)
+
+    def embed_codes(self, codes: torch.Tensor) -> list[torch.Tensor]:
+        """Embeddings ``[B, 1, talker_hidden]`` of codebooks 1..15 (``codes`` ``[B, 15]``)."""
+        return [self.model.codec_embedding[i](codes[:, i:i + 1]) for i in range(self.num_steps)]

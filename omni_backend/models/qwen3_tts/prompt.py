@@ -1,0 +1,244 @@
+"""Qwen3-TTS prompts: request fields -> validated token ids (:class:`PromptBuilder`) -> talker
+input embeddings (:func:`embed_prompt`).
+
+The talker's input at each position is a text-channel embedding plus a codec-channel one:
+
+1. optional instruction ``<|im_start|>user\\n{instruct}<|im_end|>\\n`` (text channel only);
+2. ``<|im_start|>assistant\\n`` (text channel only);
+3. the codec prefix ``[nothink, think_bos, think_eos]`` (language auto) or
+   ``[think, think_bos, language, think_eos]``, the speaker slot (preset speaker embedding, or an
+   x-vector for voice cloning), then ``[pad, bos]``; the text channel carries ``tts_pad``, and
+   ``tts_bos`` over the codec ``pad``;
+4. streaming-text mode: first text token + codec ``bos``; the other text tokens, then
+   ``tts_eos``, then ``tts_pad`` are added one per generated frame ("trailing text").
+   Non-streaming mode: all text tokens + ``tts_eos`` over codec ``pad``, then ``tts_pad`` +
+   codec ``bos``; the trailing text is ``tts_pad`` only.
+
+The embedding maths is the reference ``generate()``'s, in the same tensor shapes (on CPU the
+bits of a matmul depend on its row count), so the prefill is bit-identical.
+
+Voice cloning (``base`` checkpoints: x-vector and in-context prompts) is a later issue; its hook
+is :class:`VoiceClonePrompt` and the ``voice_clone`` argument, which for now is rejected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from omni_backend.errors import InvalidRequest
+
+from .config import Qwen3TTSConfig
+from .tokenizer import QwenTextTokenizer, assistant_text, instruct_text
+
+__all__ = [
+    "PromptError",
+    "VoiceClonePrompt",
+    "Qwen3Prompt",
+    "PromptBuilder",
+    "PromptEmbeddings",
+    "embed_prompt",
+]
+
+# Length of the assistant wrapper around the text: 3 tokens before ("<|im_start|>assistant\n"),
+# 5 after ("<|im_end|>\n<|im_start|>assistant\n").
+_ROLE_TOKENS = 3
+_TAIL_TOKENS = 5
+
+
+class PromptError(InvalidRequest, ValueError):
+    """A request field the checkpoint cannot serve. ``field`` names it (``input``, ``voice``,
+    ``language``, ``instructions``, ``task_type``); ``str(error)`` is
+    ``"invalid_request: <field>: <message>"``."""
+
+
+@dataclass(frozen=True)
+class VoiceClonePrompt:
+    """Hook for voice cloning on ``base`` checkpoints (a later issue): the speaker slot takes
+    ``speaker_embedding`` (the x-vector, talker hidden size); in-context (ICL) mode adds
+    ``ref_text_ids`` over the codec embeddings of ``ref_codes`` ``[T, 16]``."""
+
+    speaker_embedding: Optional[torch.Tensor]
+    ref_codes: Optional[torch.Tensor] = None
+    ref_text_ids: Optional[tuple[int, ...]] = None
+    x_vector_only: bool = True
+
+
+@dataclass(frozen=True)
+class Qwen3Prompt:
+    """A validated request in token ids, ready to embed."""
+
+    input_ids: tuple[int, ...]                 # tokenized assistant text (wrapper included)
+    instruct_ids: Optional[tuple[int, ...]]    # tokenized instruction text, or None
+    codec_prefix: tuple[int, ...]              # think/nothink ... think_eos
+    speaker_codec_id: Optional[int]            # codec id of the preset speaker, or None
+    non_streaming_mode: bool
+    language: str                              # normalised ("auto", "english", ...)
+    speaker: Optional[str]                     # normalised preset speaker name
+    voice_clone: Optional[VoiceClonePrompt] = None
+
+    @property
+    def text_ids(self) -> tuple[int, ...]:
+        """The ids of the text itself (between the assistant wrapper)."""
+        return self.input_ids[_ROLE_TOKENS:-_TAIL_TOKENS]
+
+    @property
+    def prefill_length(self) -> int:
+        """Positions of the prefill (talker input length)."""
+        instruct = len(self.instruct_ids) if self.instruct_ids else 0
+        codec = len(self.codec_prefix) + (1 if self.speaker_codec_id is not None else 0) + 2
+        length = instruct + _ROLE_TOKENS + codec - 1 + 1
+        if self.non_streaming_mode:
+            length += len(self.text_ids) + 1
+        return length
+
+
+class PromptBuilder:
+    """Validates request fields against a checkpoint and tokenizes them as the reference wrappers
+    (``generate_custom_voice`` / ``generate_voice_design``) do."""
+
+    def __init__(self, config: Qwen3TTSConfig, tokenizer: QwenTextTokenizer) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+
+    @property
+    def speakers(self) -> tuple[str, ...]:
+        return self.config.speakers
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        return self.config.languages
+
+    def build(self, text: str, speaker: Optional[str] = None, language: Optional[str] = None,
+              instruct: Optional[str] = None, non_streaming_mode: Optional[bool] = None,
+              voice_clone: Optional[VoiceClonePrompt] = None) -> Qwen3Prompt:
+        """``non_streaming_mode=None`` takes the reference wrapper's default: True for
+        custom_voice and voice_design, False for base (voice clone)."""
+        cfg = self.config
+        kind = cfg.tts_model_type
+        if not isinstance(text, str) or not text.strip():
+            raise PromptError("input", "must be a non-empty string")
+        if non_streaming_mode is None:
+            non_streaming_mode = kind != "base"
+
+        # -- voice
+        speaker_name = None
+        if kind == "base":
+            if voice_clone is None:
+                raise PromptError("task_type", "this is a base (voice clone) checkpoint; voice cloning "
+                                               "(ref_audio / x-vector) is not supported yet")
+            raise PromptError("task_type", "voice cloning is not supported yet")
+        if voice_clone is not None:
+            raise PromptError("ref_audio", f"voice cloning needs a base checkpoint; this one is {kind}")
+        if kind == "custom_voice":
+            if speaker is None or str(speaker).strip() == "":
+                raise PromptError("voice", f"required; available: {', '.join(self.speakers)}")
+            speaker_name = str(speaker).strip().lower()
+            if speaker_name not in {s.lower() for s in cfg.talker.spk_id}:
+                raise PromptError("voice", f"unknown speaker {speaker!r}; available: {', '.join(self.speakers)}")
+        elif speaker is not None and str(speaker).strip() != "":
+            raise PromptError("voice", f"the {kind} checkpoint has no preset speakers (got {speaker!r}); "
+                                       "describe the voice in instructions")
+
+        # -- language
+        lang = "auto" if language is None or str(language).strip() == "" else str(language).strip().lower()
+        if lang not in self.languages:
+            raise PromptError("language", f"unknown language {language!r}; available: {', '.join(self.languages)}")
+
+        # -- instructions
+        if instruct is not None and not isinstance(instruct, str):
+            raise PromptError("instructions", "must be a string")
+        if kind == "voice_design" and (instruct is None or instruct.strip() == ""):
+            raise PromptError("instructions", "required by the voice_design checkpoint (describe the voice)")
+        if cfg.ignores_instructions:
+            instruct = None  # the 0.6B CustomVoice model takes no instruction (reference wrapper rule)
+        instruct_ids = tuple(self.tokenizer.encode(instruct_text(instruct))) if instruct else None
+
+        # -- codec prefix: language (the dialect rule applies to dialect speakers) and speaker
+        t = cfg.talker
+        language_id = None if lang == "auto" else t.codec_language_id[lang]
+        if speaker_name is not None and lang in ("chinese", "auto"):
+            dialect = _lookup(t.spk_is_dialect, speaker_name)
+            if dialect not in (False, None):
+                language_id = t.codec_language_id[dialect]
+        if language_id is None:
+            prefix = (t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id)
+        else:
+            prefix = (t.codec_think_id, t.codec_think_bos_id, language_id, t.codec_think_eos_id)
+        speaker_codec_id = _lookup(t.spk_id, speaker_name) if speaker_name is not None else None
+
+        input_ids = tuple(self.tokenizer.encode(assistant_text(text)))
+        if len(input_ids) <= _ROLE_TOKENS + _TAIL_TOKENS:
+            raise PromptError("input", "has no text tokens")
+        return Qwen3Prompt(input_ids=input_ids, instruct_ids=instruct_ids, codec_prefix=prefix,
+                           speaker_codec_id=speaker_codec_id, non_streaming_mode=bool(non_streaming_mode),
+                           language=lang, speaker=speaker_name)
+
+
+def _lookup(table, name: str):
+    for key, value in table.items():
+        if str(key).lower() == name:
+            return value
+    return None
+
+
+@dataclass
+class PromptEmbeddings:
+    """Talker inputs of one request: the prefill ``[1, L, hidden]``, the trailing text added one row
+    per generated frame ``[1, T, hidden]``, and ``tts_pad`` ``[1, 1, hidden]`` used after it."""
+
+    prefill: torch.Tensor
+    trailing_text: torch.Tensor
+    tts_pad: torch.Tensor
+
+
+def embed_prompt(talker, config: Qwen3TTSConfig, prompt: Qwen3Prompt) -> PromptEmbeddings:
+    """The reference ``generate()``'s prompt embedding for one request (see the module doc)."""
+    t = config.talker
+    device = talker.codec_head.weight.device
+
+    def ids(values) -> torch.Tensor:
+        return torch.tensor([list(values)], dtype=torch.long, device=device)
+
+    input_id = ids(prompt.input_ids)
+    parts = []
+    if prompt.instruct_ids:
+        parts.append(talker.embed_text(ids(prompt.instruct_ids)))
+
+    tts_bos, tts_eos, tts_pad = talker.embed_text(
+        ids([config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id])).chunk(3, dim=1)
+    codec_prefix = talker.embed_codec(ids(prompt.codec_prefix))
+    codec_tail = talker.embed_codec(ids([t.codec_pad_id, t.codec_bos_id]))
+    if prompt.voice_clone is not None and prompt.voice_clone.speaker_embedding is not None:
+        speaker = prompt.voice_clone.speaker_embedding.to(device=device, dtype=codec_prefix.dtype)
+    elif prompt.speaker_codec_id is not None:
+        speaker = talker.embed_codec(torch.tensor(prompt.speaker_codec_id, dtype=torch.long, device=device))
+    else:
+        speaker = None
+    if speaker is None:
+        codec = torch.cat([codec_prefix, codec_tail], dim=1)
+    else:
+        codec = torch.cat([codec_prefix, speaker.view(1, 1, -1), codec_tail], dim=1)
+
+    role = talker.embed_text(input_id[:, :_ROLE_TOKENS])
+    body = torch.cat((tts_pad.expand(-1, codec.shape[1] - 2, -1), tts_bos), dim=1) + codec[:, :-1]
+    embeds = torch.cat((role, body), dim=1)
+    # (voice-clone ICL prompts continue here: ref text + text over codec bos + reference codes)
+    text_start, text_end = _ROLE_TOKENS, input_id.shape[1] - _TAIL_TOKENS
+    if prompt.non_streaming_mode:
+        text = torch.cat((talker.embed_text(input_id[:, text_start:text_end]), tts_eos), dim=1)
+        n_text = text_end - text_start + 1
+        embeds = torch.cat([
+            embeds,
+            text + talker.embed_codec(ids([t.codec_pad_id] * n_text)),
+            tts_pad + talker.embed_codec(ids([t.codec_bos_id])),
+        ], dim=1)
+        trailing = tts_pad
+    else:
+        first = talker.embed_text(input_id[:, text_start:text_start + 1]) + codec[:, -1:]
+        embeds = torch.cat([embeds, first], dim=1)
+        trailing = torch.cat((talker.embed_text(input_id[:, text_start + 1:text_end]), tts_eos), dim=1)
+    parts.append(embeds)
+    prefill = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    return PromptEmbeddings(prefill=prefill, trailing_text=trailing, tts_pad=tts_pad)

@@ -1,0 +1,199 @@
+"""Qwen3-TTS step logic for the AR engine.
+
+Per request: the prompt is embedded and prefilled alone into the request's talker slot, which
+gives codebook 0 of frame 0. Each engine step then advances all running requests together:
+
+1. the code predictor completes every pending frame (codebooks 1..15: a 2-token prefill and 14
+   single-token steps, the whole batch at once);
+2. the frame is out; requests that go on feed the sum of the frame's 16 codebook embeddings plus
+   their next trailing-text embedding to one batched talker decode, which gives codebook 0 of
+   their next frame (or eos).
+
+Stopping follows the reference ``generate()``: eos ends a request (eos is not a frame), and
+``max_new_tokens`` counts codebook-0 tokens, the last of which never becomes a frame, so a request
+yields at most ``max_new_tokens - 1`` frames. A request also ends (``length``) when its slot's
+cache is full.
+
+The caches are static (allocated once for ``max_num_seqs`` slots); the per-step inputs (codebook-0
+ids, positions, slot ids, past hidden states) are small tensors built per step. CUDA-graph
+capture per batch-size bucket would move those into static buffers of ``max_num_seqs`` rows and
+capture ``decode``; bit-exact batching on CPU comes from :class:`BatchInvariantOps`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from omni_backend.engine import AREngine, ModelRunner, SamplingParams, Sequence, StepOutput
+from omni_backend.engine.sampling import TokenRules, select, select_rows
+
+from .checkpoint import Qwen3TTSCheckpoint, load_checkpoint
+from .config import GenerationDefaults
+from .layers import BatchInvariantOps
+from .prompt import PromptError, Qwen3Prompt, embed_prompt
+
+__all__ = ["Qwen3TTSRunner", "create_engine", "sampling_params_from_defaults"]
+
+
+def sampling_params_from_defaults(defaults: GenerationDefaults, **overrides) -> SamplingParams:
+    """The checkpoint's ``generation_config.json`` as engine parameters (overrides win)."""
+    values = dict(do_sample=defaults.do_sample, temperature=defaults.temperature, top_k=defaults.top_k,
+                  top_p=defaults.top_p, repetition_penalty=defaults.repetition_penalty,
+                  subtalker_do_sample=defaults.subtalker_dosample,
+                  subtalker_temperature=defaults.subtalker_temperature, subtalker_top_k=defaults.subtalker_top_k,
+                  subtalker_top_p=defaults.subtalker_top_p, max_new_tokens=defaults.max_new_tokens)
+    values.update(overrides)
+    return SamplingParams(**values)
+
+
+@dataclass
+class _RequestState:
+    prefill_length: int
+    trailing_text: torch.Tensor          # [T, hidden]
+    tts_pad: torch.Tensor                # [1, hidden]
+    past_hidden: torch.Tensor            # [1, 1, hidden]: talker hidden that predicted `pending`
+    pending: int                         # codebook 0 of the next frame
+    generated: list[int]                 # codebook-0 ids so far (repetition penalty)
+
+    @property
+    def frame(self) -> int:
+        """Index of the next frame (= codebook-0 tokens so far - 1)."""
+        return len(self.generated) - 1
+
+
+class Qwen3TTSRunner(ModelRunner):
+    """Runs a loaded checkpoint for the engine. ``max_model_len`` bounds prompt + frames per
+    request (the talker cache holds ``max_num_seqs x max_model_len`` positions per layer).
+    ``batch_invariant=False`` trades the bit-exactness of batched rows for speed."""
+
+    def __init__(self, checkpoint: Qwen3TTSCheckpoint, max_num_seqs: int = 8, max_model_len: int = 2048,
+                 batch_invariant: bool = True) -> None:
+        self.checkpoint = checkpoint
+        self.config = checkpoint.config
+        self.talker = checkpoint.talker
+        self.code_predictor = self.talker.code_predictor
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        dtype, device = checkpoint.dtype, checkpoint.device
+        self.ops = BatchInvariantOps(enabled=batch_invariant)
+        self.cache = self.talker.new_cache(max_num_seqs, max_model_len, dtype, device)
+        self.rotary = self.talker.new_rotary(dtype, device)
+        self.cp_cache = self.code_predictor.new_cache(max_num_seqs, dtype, device)
+        self.cp_rotary = self.code_predictor.new_rotary(dtype, device)
+        t = self.config.talker
+        self.eos_id = t.codec_eos_token_id
+        self.rules = TokenRules(t.vocab_size, t.codec_eos_token_id, t.suppressed_codec_ids, device)
+
+    # -- engine interface
+    def check(self, prompt: Qwen3Prompt, params: SamplingParams) -> None:
+        if not isinstance(prompt, Qwen3Prompt):
+            raise TypeError(f"expected a Qwen3Prompt (from PromptBuilder.build), got {type(prompt).__name__}")
+        if prompt.prefill_length >= self.max_model_len:
+            raise PromptError("input", f"the prompt takes {prompt.prefill_length} positions; this engine holds "
+                                       f"{self.max_model_len} per request (max_model_len)")
+
+    def prefill(self, seq: Sequence) -> Optional[StepOutput]:
+        prompt: Qwen3Prompt = seq.prompt
+        params = seq.params
+        embeds = embed_prompt(self.talker, self.config, prompt)
+        logits, hidden = self.talker.prefill(embeds.prefill, self.cache, seq.slot, self.rotary, self.ops)
+        token = self._select_cb0(logits, [], params, seq.generator)
+        seq.state = _RequestState(prefill_length=embeds.prefill.shape[1], trailing_text=embeds.trailing_text[0],
+                                  tts_pad=embeds.tts_pad[0], past_hidden=hidden, pending=token, generated=[token])
+        if token == self.eos_id:
+            return StepOutput(seq, None, True, "stop")
+        if params.max_new_tokens <= 1:
+            return StepOutput(seq, None, True, "length")
+        return None
+
+    def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
+        states: list[_RequestState] = [s.state for s in seqs]
+        device = self.talker.codec_head.weight.device
+        cb0 = torch.tensor([st.pending for st in states], dtype=torch.long, device=device)
+        cb0_embed = self.talker.embed_codec(cb0.view(-1, 1))
+        codes = self._complete_frames(seqs, states, cb0_embed)
+        frames = torch.cat((cb0.view(-1, 1), codes), dim=1).tolist()
+
+        # which requests sample codebook 0 of another frame
+        going_on, outputs = [], []
+        for b, (seq, st) in enumerate(zip(seqs, states)):
+            t = st.frame
+            if t + 2 >= seq.params.max_new_tokens:
+                outputs.append(StepOutput(seq, frames[b], True, "length"))
+            elif st.prefill_length + t >= self.max_model_len:
+                outputs.append(StepOutput(seq, frames[b], True, "length"))
+            else:
+                going_on.append(b)
+                outputs.append(None)
+        if going_on:
+            self._talker_step(seqs, states, going_on, cb0_embed, codes, frames, outputs)
+        return outputs
+
+    # -- the two halves of a step
+    def _complete_frames(self, seqs: list[Sequence], states: list[_RequestState],
+                         cb0_embed: torch.Tensor) -> torch.Tensor:
+        """Codebooks 1..15 of every pending frame: ``[B, 15]``."""
+        cp = self.code_predictor
+        params = [s.params for s in seqs]
+        sample = [p.subtalker_do_sample for p in params]
+        temperature = [p.subtalker_temperature for p in params]
+        top_k = [p.subtalker_top_k for p in params]
+        top_p = [p.subtalker_top_p for p in params]
+        generators = [s.generator for s in seqs]
+        past_hidden = torch.cat([st.past_hidden for st in states], dim=0)
+        logits = cp.first(past_hidden, cb0_embed, self.cp_cache, self.cp_rotary, self.ops)
+        codes = [select_rows(logits, sample, temperature, top_k, top_p, generators)]
+        for step in range(1, cp.num_steps):
+            logits = cp.next(step, codes[-1], self.cp_cache, self.cp_rotary, self.ops)
+            codes.append(select_rows(logits, sample, temperature, top_k, top_p, generators))
+        return torch.stack(codes, dim=1)
+
+    def _talker_step(self, seqs: list[Sequence], states: list[_RequestState], rows: list[int],
+                     cb0_embed: torch.Tensor, codes: torch.Tensor, frames: list[list[int]],
+                     outputs: list[Optional[StepOutput]]) -> None:
+        index = torch.tensor(rows, dtype=torch.long, device=codes.device)
+        sub_codes = codes.index_select(0, index)
+        parts = [cb0_embed.index_select(0, index)] + self.code_predictor.embed_codes(sub_codes)
+        summed = self.ops.elementwise("codebook_sum", lambda x: x.sum(1, keepdim=True), torch.cat(parts, dim=1))
+        text = []
+        for b in rows:
+            st = states[b]
+            text.append(st.trailing_text[st.frame:st.frame + 1] if st.frame < st.trailing_text.shape[0]
+                        else st.tts_pad)
+        embeds = summed + torch.stack(text, dim=0)
+        slots = [seqs[b].slot for b in rows]
+        positions = [states[b].prefill_length + states[b].frame for b in rows]
+        logits, hidden = self.talker.decode(embeds, self.cache, slots, positions, self.rotary, self.ops)
+        for i, b in enumerate(rows):
+            seq, st = seqs[b], states[b]
+            token = self._select_cb0(logits[i:i + 1], st.generated, seq.params, seq.generator)
+            if token == self.eos_id:
+                outputs[b] = StepOutput(seq, frames[b], True, "stop")
+                continue
+            st.generated.append(token)
+            st.pending = token
+            st.past_hidden = hidden[i:i + 1]
+            outputs[b] = StepOutput(seq, frames[b], False, None)
+
+    def _select_cb0(self, logits: torch.Tensor, generated: list[int], params: SamplingParams,
+                    generator: torch.Generator) -> int:
+        scores = self.rules.apply(logits, generated, params.repetition_penalty, params.min_new_tokens)
+        return select(scores, params.do_sample, params.temperature, params.top_k, params.top_p, generator)
+
+
+def create_engine(checkpoint: Qwen3TTSCheckpoint | str, max_num_seqs: int = 8, max_model_len: int = 2048,
+                  num_threads: Optional[int] = None, dtype: torch.dtype | str = torch.float32,
+                  device: torch.device | str = "cpu", max_prefills_per_step: int = 1,
+                  batch_invariant: bool = True) -> AREngine:
+    """An :class:`AREngine` over a checkpoint (a loaded one or a folder path). The engine's default
+    sampling parameters are the checkpoint's ``generation_config.json``."""
+    if num_threads is not None:
+        torch.set_num_threads(int(num_threads))
+    if isinstance(checkpoint, str):
+        checkpoint = load_checkpoint(checkpoint, dtype=dtype, device=device)
+    runner = Qwen3TTSRunner(checkpoint, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                            batch_invariant=batch_invariant)
+    return AREngine(runner, max_prefills_per_step=max_prefills_per_step, num_threads=num_threads,
+                    default_params=sampling_params_from_defaults(checkpoint.generation))

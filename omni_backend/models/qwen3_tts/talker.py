@@ -1,0 +1,116 @@
+"""The talker (``talker.*``): a Qwen3 decoder whose input at each position is the sum of a
+text-channel embedding (``text_projection(text_embedding(id))``) and a codec-channel embedding
+(``codec_embedding``), and whose ``codec_head`` predicts codebook 0 of the next frame.
+
+Two entry points, both writing keys and values into a :class:`StaticKVCache` slot:
+
+* :meth:`Talker.prefill` runs one prompt (``[1, L, hidden]``) from position 0;
+* :meth:`Talker.decode` advances a batch of sequences by one position each, every row at its own
+  position and attending only to its own slot.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from omni_backend.engine.kv_cache import StaticKVCache
+
+from .code_predictor import CodePredictor
+from .config import TalkerConfig
+from .layers import BatchInvariantOps, DecoderLayer, RMSNorm, TalkerRotary, activation
+
+__all__ = ["Talker", "TalkerModel", "TextProjection"]
+
+
+class TalkerModel(nn.Module):
+    """Checkpoint prefix ``talker.model.``."""
+
+    def __init__(self, config: TalkerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([
+            DecoderLayer(config.hidden_size, config.intermediate_size, config.num_attention_heads,
+                         config.num_key_value_heads, config.head_dim, config.rms_norm_eps, config.hidden_act,
+                         config.attention_bias)
+            for _ in range(config.num_hidden_layers)
+        ])
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.codec_embedding = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.text_embedding = nn.Embedding(config.text_vocab_size, config.text_hidden_size)
+
+
+class TextProjection(nn.Module):
+    """``linear_fc2(act(linear_fc1(x)))``: text embeddings to the talker's hidden size."""
+
+    def __init__(self, text_hidden_size: int, hidden_size: int, hidden_act: str) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(text_hidden_size, text_hidden_size, bias=True)
+        self.linear_fc2 = nn.Linear(text_hidden_size, hidden_size, bias=True)
+        self.act_fn = activation(hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(self.act_fn(self.linear_fc1(x)))
+
+
+class Talker(nn.Module):
+    """Checkpoint prefix ``talker.``."""
+
+    def __init__(self, config: TalkerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = TalkerModel(config)
+        self.text_projection = TextProjection(config.text_hidden_size, config.hidden_size, config.hidden_act)
+        self.codec_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.code_predictor = CodePredictor(config.code_predictor, config)
+
+    # -- helpers the prompt builder uses
+    def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
+        """``text_projection(text_embedding(ids))`` for ids ``[1, n]`` -> ``[1, n, hidden]``."""
+        return self.text_projection(self.model.text_embedding(ids))
+
+    def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.codec_embedding(ids)
+
+    def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> StaticKVCache:
+        c = self.config
+        return StaticKVCache(c.num_hidden_layers, num_slots, c.num_key_value_heads, max_len, c.head_dim, dtype,
+                             device)
+
+    def new_rotary(self, dtype: torch.dtype, device: torch.device) -> TalkerRotary:
+        c = self.config
+        return TalkerRotary(c.rope_theta, c.head_dim, c.mrope_section, c.mrope_interleaved, dtype, device)
+
+    # -- forward passes
+    def prefill(self, embeds: torch.Tensor, cache: StaticKVCache, slot: int, rotary: TalkerRotary,
+                ops: BatchInvariantOps) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run one prompt ``[1, L, hidden]`` into ``slot``. Returns the float32 logits ``[1, vocab]``
+        of the last position and its (normed) hidden state ``[1, 1, hidden]``."""
+        cos, sin = rotary.prefill(embeds.shape[1])
+        hidden = embeds
+        for index, layer in enumerate(self.model.layers):
+            hidden = layer(hidden, lambda h, i=index, l=layer: l.self_attn.prefill(h, cos, sin, ops, cache, i, slot),
+                           ops)
+        hidden = self.model.norm(hidden)
+        # the reference projects every position and keeps the last (M = L in the matmul)
+        logits = ops.linear(hidden, self.codec_head.weight)[:, -1, :].to(torch.float32)
+        return logits, hidden[:, -1:, :]
+
+    def decode(self, embeds: torch.Tensor, cache: StaticKVCache, slots: list[int], positions: list[int],
+               rotary: TalkerRotary, ops: BatchInvariantOps) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advance ``B`` sequences by one position: ``embeds`` ``[B, 1, hidden]``, row ``b`` at
+        ``positions[b]`` of ``slots[b]``. Returns float32 logits ``[B, vocab]`` and hidden
+        states ``[B, 1, hidden]``."""
+        device = embeds.device
+        slot_t = torch.tensor(slots, dtype=torch.long, device=device)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=device)
+        lengths = [p + 1 for p in positions]
+        cos, sin = rotary.decode(pos_t)
+        hidden = embeds
+        for index, layer in enumerate(self.model.layers):
+            hidden = layer(
+                hidden,
+                lambda h, i=index, l=layer: l.self_attn.decode(h, cos, sin, ops, cache, i, slot_t, pos_t, slots,
+                                                                lengths),
+                ops)
+        hidden = self.model.norm(hidden)
+        logits = ops.linear(hidden, self.codec_head.weight)[:, -1, :].to(torch.float32)
+        return logits, hidden

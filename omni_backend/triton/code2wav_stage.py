@@ -1,0 +1,81 @@
+"""Stage model for a codec decoder ("code2wav"): stateless windows, Triton dynamic batching.
+
+Each request is one window, CODES [num_quantizers, frames] (LEFT_CONTEXT context frames, then
+new frames); the answer is the audio of the new frames, AUDIO [new frames * hop_length]: the
+decoder skips the work whose only use is context audio. Windows of equal length and context from
+different streams arrive here batched by Triton's dynamic batcher. Always Float32.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+from omni_backend.deploy import parse_deploy
+from omni_backend.pipeline import get_pipeline
+
+
+class Code2WavStage:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        pipeline = get_pipeline(params["pipeline"])
+        stage_id = int(params["stage_id"])
+        deploy = parse_deploy(json.loads(params["deploy"]), f"{args['model_name']}/config.pbtxt")
+        sd = deploy.stage(stage_id)
+        torch.set_num_threads(sd.threads)
+        self.decoder = self.load_decoder(pipeline.model_type, params.get("model") or pipeline.default_model,
+                                         sd.device)
+        # On CPU, decode each window alone so a stream's audio never depends on what it was
+        # batched with (bit-identical to serving it solo); GPUs batch for throughput.
+        self.decoder.batch_invariant = sd.device == "cpu"
+
+    @staticmethod
+    def load_decoder(model_type: str, model: str, device: str):
+        if model_type == "qwen3_tts":
+            import os
+
+            from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
+            from omni_backend.models.qwen3_tts.code2wav import Code2Wav
+
+            path = resolve_checkpoint(model)
+            return Code2Wav.from_checkpoint(os.path.join(path, "speech_tokenizer"), device=device)
+        raise ValueError(f"no codec decoder for model type {model_type!r}")
+
+    def execute(self, requests: list) -> list:
+        groups: dict[tuple, list[int]] = {}
+        windows = []
+        for i, request in enumerate(requests):
+            codes = pb_utils.get_input_tensor_by_name(request, "CODES").as_numpy()
+            codes = codes.reshape(-1, *codes.shape[-2:])  # [batch, q, frames]
+            left = pb_utils.get_input_tensor_by_name(request, "LEFT_CONTEXT").as_numpy().reshape(-1)
+            if len(set(left.tolist())) != 1:  # a client batching windows of different contexts
+                windows.append(None)
+                groups.setdefault(("bad",), []).append(i)
+                continue
+            windows.append(codes)
+            groups.setdefault((codes.shape[1:], int(left[0])), []).append(i)
+        responses: list = [None] * len(requests)
+        for key, members in groups.items():
+            if key == ("bad",):
+                for i in members:
+                    responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                        "invalid_request: LEFT_CONTEXT: one value per request batch"))
+                continue
+            try:
+                batch = torch.from_numpy(np.concatenate([windows[i] for i in members]).astype(np.int64))
+                with torch.inference_mode():
+                    audio = self.decoder.decode_window(batch, key[1]).float().cpu().numpy()
+                row = 0
+                for i in members:
+                    n = windows[i].shape[0]
+                    responses[i] = pb_utils.InferenceResponse(
+                        output_tensors=[pb_utils.Tensor("AUDIO", np.ascontiguousarray(audio[row:row + n]))])
+                    row += n
+            except Exception as e:  # a bad window fails its own requests only
+                for i in members:
+                    responses[i] = pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(f"internal: code2wav: {type(e).__name__}: {e}"))
+        return responses

@@ -1,0 +1,273 @@
+"""Streaming benchmark through Triton, with in-process and reference ratios from the same run.
+
+    .venv/bin/python perf/bench.py --pipeline hibari --concurrency 1,4,8
+    .venv/bin/python perf/bench.py --pipeline qwen3_tts --size small --concurrency 1,4,8
+    .venv/bin/python perf/bench.py --pipeline qwen3_tts --model /path/to/checkpoint --concurrency 1,4,8,16
+
+For each concurrency c, c clients stream requests back to back over gRPC (tritonclient) from a
+fixed set of texts and the table gives time to first audio (p50 / p95), real-time factor (p50),
+audio seconds per wall second and errors. For Qwen3-TTS the same requests also run in-process
+(engine + code2wav in this process, same chunk schedule) and, with --reference, through the
+reference `generate()` (qwen-tts in .venv-oracle), so the ratios come from one run on one machine.
+The server's start-up time and resident memory (server + stub processes) are reported too.
+Results are printed and appended to perf/RESULTS.md as a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from client.triton_process import TritonProcess  # noqa: E402
+from client.triton_stream import TritonStreamError, synthesize  # noqa: E402
+
+TEXTS = [
+    "The weather is lovely today. Let us take a walk in the park.",
+    "Please call me back tomorrow morning at nine. I will be at my desk.",
+    "Streaming speech arrives in small chunks. The first one comes quickly.",
+    "A quick brown fox jumps over the lazy dog. Then it runs away.",
+]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process and all its descendants."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,rss="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for line in out.splitlines():
+        p, pp, r = (int(x) for x in line.split())
+        children.setdefault(pp, []).append(p)
+        rss[p] = r
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        todo.extend(children.get(p, []))
+    return total / 1024
+
+
+def run_level(url: str, model: str, concurrency: int, requests: int, params: dict) -> dict:
+    """`concurrency` clients, each streaming `requests` requests back to back."""
+    results, errors = [], []
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        for i in range(requests):
+            text = TEXTS[(k + i) % len(TEXTS)]
+            try:
+                r = synthesize(url, model, text, {**params, **({"seed": k * 1000 + i} if "seed" in params else {})})
+                with lock:
+                    results.append(r)
+            except (TritonStreamError, OSError) as e:
+                with lock:
+                    errors.append(str(e))
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    audio = sum(r.audio_s for r in results)
+    return {"concurrency": concurrency, "requests": len(results), "errors": len(errors),
+            "ttfa_p50_ms": percentile([r.ttfa_s * 1000 for r in results], 50),
+            "ttfa_p95_ms": percentile([r.ttfa_s * 1000 for r in results], 95),
+            "rtf_p50": percentile([r.rtf for r in results], 50),
+            "audio_s_per_s": audio / wall, "audio_s": audio, "wall_s": wall,
+            "first_error": errors[0] if errors else ""}
+
+
+def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params: dict) -> dict:
+    """Engine + code2wav in this process, same schedule: the served path minus Triton."""
+    import dataclasses
+
+    import torch
+
+    from omni_backend.chunking import CodecChunkSchedule
+    from omni_backend.deploy import load_deploy
+    from omni_backend.models.qwen3_tts.code2wav import Code2Wav
+    from omni_backend.models.qwen3_tts.runner import create_engine
+
+    deploy = load_deploy(deploy_path)
+    s0, s1 = deploy.stage(0), deploy.stage(1)
+    torch.set_num_threads(s0.threads)
+    engine = create_engine(model_dir, max_num_seqs=max(concurrency, s0.max_num_seqs),
+                           max_model_len=s0.max_model_len, dtype=s0.dtype)
+    decoder = Code2Wav.from_checkpoint(os.path.join(model_dir, "speech_tokenizer"))
+    builder = engine.runner.checkpoint.prompt_builder()
+    sp = dataclasses.replace(engine.default_params, **{k: v for k, v in params.items() if k != "voice"})
+    a = deploy.async_chunk
+    schedule = CodecChunkSchedule(a.initial_chunk_frames, a.chunk_frames, a.left_context_frames)
+    speaker = params.get("voice") or (builder.speakers[0] if builder.speakers else None)
+    prompts = [builder.build(TEXTS[k % len(TEXTS)], speaker=speaker) for k in range(concurrency)]
+    engine.generate([("warm", prompts[0], dataclasses.replace(sp, max_new_tokens=3))])
+    # Time to first audio: prefill + initial chunk frames + first window decode, alone.
+    started = time.perf_counter()
+    frames: dict[str, list] = {}
+    first = None
+    for k, p in enumerate(prompts):
+        engine.add_request(f"r{k}", p, sp)
+    while engine.has_unfinished():
+        for ev in engine.step():
+            if ev.codes is not None:
+                frames.setdefault(ev.request_id, []).append(ev.codes)
+                if first is None and len(frames[ev.request_id]) == a.initial_chunk_frames:
+                    w = schedule.next_window(0, a.initial_chunk_frames, False)
+                    decoder.decode_window(torch.tensor(frames[ev.request_id]).T[None], w.left_context_frames)
+                    first = time.perf_counter() - started
+    torch.set_num_threads(s1.threads)
+    for codes in frames.values():
+        list(decoder.decode_stream(torch.tensor(codes).T[None], schedule))
+    wall = time.perf_counter() - started
+    audio = sum(len(c) for c in frames.values()) * decoder.hop_length / decoder.sample_rate
+    return {"concurrency": concurrency, "ttfa_ms": (first or float("nan")) * 1000,
+            "audio_s_per_s": audio / wall, "rtf": wall / (audio / concurrency)}
+
+
+def reference_audio_s_per_s(model_dir: str, batch: int, frames: int) -> float:
+    """The reference generate() (qwen-tts, static batch) + its decode, in .venv-oracle."""
+    py = ROOT / ".venv-oracle" / "bin" / "python"
+    if not py.exists():
+        return float("nan")
+    script = f"""
+import time, torch, os
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from qwen_tts import Qwen3TTSModel
+torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+tts = Qwen3TTSModel.from_pretrained({model_dir!r}, dtype=torch.float32, attn_implementation="sdpa")
+texts = {json.dumps(TEXTS)}
+texts = [texts[i % len(texts)] for i in range({batch})]
+spk = tts.get_supported_speakers()
+kw = dict(do_sample=False, subtalker_dosample=False, max_new_tokens={frames + 1})
+tts.generate_custom_voice(text=texts[0], speaker=spk[0], language="Auto", max_new_tokens=3)
+t = time.perf_counter()
+wavs, sr = tts.generate_custom_voice(text=texts, speaker=[spk[0]] * len(texts), language=["Auto"] * len(texts), **kw)
+wall = time.perf_counter() - t
+print(sum(len(w) for w in wavs) / sr / wall)
+"""
+    out = subprocess.run([str(py), "-c", script], capture_output=True, text=True, timeout=3600)
+    try:
+        return float(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        print(out.stderr[-2000:], file=sys.stderr)
+        return float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pipeline", default="hibari", help="hibari | qwen3_tts | qwen3_tts_tiny_random")
+    ap.add_argument("--model", help="checkpoint folder (qwen3_tts)")
+    ap.add_argument("--size", help="write a random Qwen3-TTS checkpoint of this size (tiny, small, 0.6b, 1.7b)")
+    ap.add_argument("--deploy", help="deploy YAML (default: the pipeline's)")
+    ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--requests", type=int, default=3, help="requests per client per level")
+    ap.add_argument("--frames", type=int, default=50, help="frames per Qwen3-TTS request (random weights never stop)")
+    ap.add_argument("--reference", action="store_true", help="also time the reference generate() (slow)")
+    ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
+    args = ap.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+
+    from ensemble_builder.build import build
+    from omni_backend.deploy import default_deploy_path
+    from omni_backend.pipeline import get_pipeline
+
+    pipeline = get_pipeline(args.pipeline)
+    deploy_path = args.deploy or str(default_deploy_path(pipeline.default_deploy))
+    model = args.model
+    shape = "bundled"
+    work = Path(tempfile.mkdtemp(prefix="omni-bench-"))
+    if pipeline.model_type == "qwen3_tts":
+        from omni_backend.models.qwen3_tts.builtin import cache_root, resolve_checkpoint
+        from omni_backend.models.qwen3_tts.random_checkpoint import write_random_checkpoint
+
+        if args.size:
+            model = str(cache_root() / f"bench-{args.size}")
+            if not (Path(model) / "config.json").exists():
+                print(f"[bench] writing a random {args.size} checkpoint to {model}", flush=True)
+                write_random_checkpoint(model, args.size, "custom_voice", 0)
+            shape = f"random {args.size}"
+        model = resolve_checkpoint(model or pipeline.default_model)
+        if shape == "bundled":
+            shape = Path(model).name
+    repo = work / "repo"
+    build(args.pipeline, repo, deploy_path, model if pipeline.model_type == "qwen3_tts" else None)
+    params: dict = {}
+    if pipeline.model_type == "qwen3_tts":
+        params = {"do_sample": False, "subtalker_do_sample": False, "max_new_tokens": args.frames + 1}
+
+    t0 = time.perf_counter()
+    server = TritonProcess(repo, log_path=work / "tritonserver.log").start(timeout_s=900)
+    startup = time.perf_counter() - t0
+    rows = []
+    try:
+        synthesize(server.grpc_url, args.pipeline, "Warm up.", params)
+        for c in levels:
+            print(f"[bench] served c={c}", flush=True)
+            rows.append(run_level(server.grpc_url, args.pipeline, c, args.requests, params))
+        rss = rss_mib(server.proc.pid)
+    finally:
+        server.stop()
+
+    inproc: dict[int, dict] = {}
+    ref: dict[int, float] = {}
+    if pipeline.model_type == "qwen3_tts":
+        for c in levels:
+            print(f"[bench] in-process c={c}", flush=True)
+            inproc[c] = qwen3_in_process(model, deploy_path, c, params)
+            if args.reference and c in (1, 8):
+                print(f"[bench] reference static batch {c}", flush=True)
+                ref[c] = reference_audio_s_per_s(model, c, args.frames)
+
+    head = (f"## {args.pipeline} ({shape}), {datetime.date.today()}\n\n"
+            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
+            f"deploy `{Path(deploy_path).name}`. Server start-up {startup:.1f} s, resident memory "
+            f"{rss:.0f} MiB (server + stubs, after the run). Command: `python perf/bench.py "
+            f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n")
+    cols = ["c", "requests", "errors", "TTFA p50 ms", "TTFA p95 ms", "RTF p50", "audio s/s"]
+    if inproc:
+        cols += ["in-proc TTFA ms", "in-proc audio s/s", "served/in-proc RTF"]
+    if ref:
+        cols += ["reference audio s/s", "served/reference audio s/s"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        c = r["concurrency"]
+        cells = [c, r["requests"], r["errors"], f"{r['ttfa_p50_ms']:.0f}", f"{r['ttfa_p95_ms']:.0f}",
+                 f"{r['rtf_p50']:.3f}", f"{r['audio_s_per_s']:.2f}"]
+        if inproc:
+            ip = inproc[c]
+            cells += [f"{ip['ttfa_ms']:.0f}", f"{ip['audio_s_per_s']:.2f}",
+                      f"{r['rtf_p50'] / ip['rtf']:.2f}"]
+        if ref:
+            cells += [f"{ref[c]:.2f}" if c in ref else "", f"{r['audio_s_per_s'] / ref[c]:.2f}" if c in ref else ""]
+        lines.append("| " + " | ".join(str(x) for x in cells) + " |")
+    table = head + "\n" + "\n".join(lines) + "\n"
+    if any(r["first_error"] for r in rows):
+        table += "\nFirst error: " + next(r["first_error"] for r in rows if r["first_error"]) + "\n"
+    print("\n" + table)
+    with open(args.results, "a") as f:
+        f.write("\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The web page in a real headless Chromium: it loads, Play streams pcm through Web Audio, and
+the page reports audio received and a time to first audio under 500 ms for hibari."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.system.chromium_cdp import CHROMIUM, Chromium
+
+pytest_plugins = ["tests.system.speech_api_fixtures"]
+pytestmark = pytest.mark.system
+
+TTFA_LIMIT_MS = 500
+
+
+@pytest.fixture
+def browser():
+    assert os.path.exists(CHROMIUM), "the browser test needs Debian's chromium (apt-get install -y chromium)"
+    chromium = Chromium().start()
+    try:
+        yield chromium
+    finally:
+        chromium.stop()
+
+
+def wait_page(browser: Chromium, expression: str, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = browser.evaluate(expression)
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"page never satisfied {expression}; state: {browser.evaluate('JSON.stringify(window.omniSpeech)')}")
+
+
+def play(browser: Chromium, response_format: str) -> dict:
+    browser.evaluate(f"document.getElementById('format').value = {json.dumps(response_format)}")
+    browser.click("#play")
+    wait_page(browser, "['done', 'error'].includes(window.omniSpeech.phase)", 30)
+    return json.loads(browser.evaluate("JSON.stringify(window.omniSpeech)"))
+
+
+def test_page_plays_streamed_audio_and_reports_ttfa(shim, browser, tmp_path):
+    browser.navigate(f"{shim.url}/")
+    wait_page(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
+    models = browser.evaluate("[...document.getElementById('model').options].map(o => o.value)")
+    assert "hibari" in models and "tts-1" in models
+    browser.evaluate("(() => { const m = document.getElementById('model'); m.value = 'hibari';"
+                     " m.dispatchEvent(new Event('change')); })()")
+    wait_page(browser, "document.getElementById('voice').value === 'heart'", 5)
+
+    state = play(browser, "pcm")
+    browser.screenshot(tmp_path / "page.png")
+    assert state["phase"] == "done", state["error"]
+    assert state["format"] == "pcm"
+    assert state["bytes"] > 10000 and state["chunks"] >= 1
+    assert state["audioSeconds"] > 3.0, "audio received"
+    assert state["ttfaMs"] < TTFA_LIMIT_MS, state
+    assert 0 < state["rtf"] < 1.0
+    shown = browser.evaluate("document.getElementById('ttfa').textContent")
+    assert shown.endswith("ms") and float(shown.split()[0]) == pytest.approx(state["ttfaMs"], abs=1)
+    assert browser.evaluate("document.getElementById('rtf').textContent") != "–"
+
+    # a compressed format: downloaded while streaming, decoded and played when complete
+    state = play(browser, "mp3")
+    assert state["phase"] == "done", state["error"]
+    assert state["audioSeconds"] > 3.0 and state["ttfaMs"] < TTFA_LIMIT_MS

@@ -1,0 +1,160 @@
+"""Two tritonservers behind one shim: streams spread over both, a killed server costs new
+requests nothing, streams on it end with an error event, and it rejoins when it is back."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+
+import httpx
+import pytest
+
+from client.speech_api.process import ShimProcess
+from client.triton_process import TritonProcess
+from tests.system.speech_api_helpers import LONG_TEXT, hibari_repository, metric, wait_for
+
+pytest_plugins = ["tests.system.speech_api_fixtures"]
+pytestmark = pytest.mark.system
+
+SHORT = {"model": "tts-1", "voice": "alloy", "input": "Failover check.", "response_format": "wav"}
+
+
+@pytest.fixture(scope="module")
+def second_triton(tmp_path_factory):
+    base = tmp_path_factory.mktemp("second_triton")
+    server = TritonProcess(hibari_repository(base / "model_repository"), log_path=base / "tritonserver.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def pair_shim(triton, second_triton, tmp_path_factory):
+    log = tmp_path_factory.mktemp("pair_shim") / "shim.log"
+    server = ShimProcess([triton.grpc_url, second_triton.grpc_url], log_path=log,
+                         extra_args=["--probe-interval", "0.5"])
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def served(server: TritonProcess) -> float:
+    return metric(server, "omni_requests_total", pipeline="hibari", outcome="ok")
+
+
+def health(shim: ShimProcess) -> dict[str, dict]:
+    return {t["url"]: t for t in httpx.get(f"{shim.url}/health").json()["tritons"]}
+
+
+def speak(shim: ShimProcess) -> httpx.Response:
+    r = httpx.post(f"{shim.url}/v1/audio/speech", json=SHORT, timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    assert len(r.content) > 10000
+    return r
+
+
+@contextlib.contextmanager
+def sse_stream(client: httpx.Client, shim: ShimProcess):
+    with client.stream("POST", f"{shim.url}/v1/audio/speech",
+                       json={"model": "hibari", "voice": "heart", "input": LONG_TEXT, "speed": 0.5,
+                             "response_format": "pcm", "stream_format": "sse"}) as response:
+        assert response.status_code == 200
+        yield response.iter_lines()
+
+
+def next_event(lines) -> dict:
+    for line in lines:
+        if line.startswith("data: "):
+            return json.loads(line[len("data: "):])
+    return {"type": "eof"}
+
+
+def race(streams: list, limit: int = 120) -> tuple[int, list[int]]:
+    """Read the streams in turn, one event each, until one ends; return its index and how many
+    deltas each delivered. (Events already on their way from a killed server still arrive.)"""
+    deltas = [0] * len(streams)
+    for _ in range(limit):
+        for i, lines in enumerate(streams):
+            event = next_event(lines)
+            if event["type"] != "speech.audio.delta":
+                assert event["type"] == "speech.audio.error", event
+                assert event["error"]["type"] == "server_error", event
+                return i, deltas
+            deltas[i] += 1
+    raise AssertionError(f"no stream ended after {deltas} deltas")
+
+
+def test_spread_failover_and_rejoin(triton, second_triton, pair_shim):
+    a, b = triton.grpc_url, second_triton.grpc_url
+    assert all(h["healthy"] for h in health(pair_shim).values())
+
+    # idle servers take turns
+    before_a, before_b = served(triton), served(second_triton)
+    for _ in range(4):
+        speak(pair_shim)
+    assert served(triton) - before_a == 2 and served(second_triton) - before_b == 2
+
+    with httpx.Client(timeout=60) as one, httpx.Client(timeout=60) as two:
+        with sse_stream(one, pair_shim) as first, sse_stream(two, pair_shim) as second:
+            assert next_event(first)["type"] == next_event(second)["type"] == "speech.audio.delta"
+            # fewest active streams first: one stream on each server
+            assert [h["active_streams"] for h in health(pair_shim).values()] == [1, 1]
+
+            os.killpg(second_triton.proc.pid, signal.SIGKILL)
+
+            # the stream that was on the dead server ends with an error event; the other goes on
+            dead, _ = race([first, second])
+            survivor = [first, second][1 - dead]
+            assert [next_event(survivor)["type"] for _ in range(3)] == ["speech.audio.delta"] * 3
+    second_triton.stop()
+
+    # new requests succeed at once, on the survivor, before and after the prober notices
+    before_a = served(triton)
+    for _ in range(4):
+        speak(pair_shim)
+    assert served(triton) - before_a == 4
+    assert wait_for(lambda: not health(pair_shim)[b]["healthy"], 5)
+    assert health(pair_shim)[a]["healthy"]
+
+    # back on the same ports: it rejoins and takes its share again
+    second_triton.start()
+    assert wait_for(lambda: health(pair_shim)[b]["healthy"], 15), health(pair_shim)
+    for _ in range(4):
+        speak(pair_shim)
+    assert served(second_triton) >= 1
+
+
+def test_a_dead_endpoint_is_skipped_before_the_first_audio(triton):
+    """Before the prober has noticed, a stream sent to a dead server moves to a live one."""
+    import asyncio
+
+    from client.speech_api.catalog import Catalog
+    from client.speech_api.pool import TritonPool
+    from client.triton_process import free_port
+
+    async def scenario():
+        dead = f"localhost:{free_port()}"
+        pool = TritonPool([dead, triton.grpc_url], Catalog(), probe_interval_s=60)
+        await pool.start()
+        try:
+            ghost = pool.endpoints[0]
+            assert not ghost.healthy
+            ghost.healthy, ghost.pipelines, ghost.last_pick = True, {"hibari": None}, -1  # looks fine
+            stream = await pool.open_stream("hibari", "Moved along.", {}, "skip-dead")
+            try:
+                assert stream.endpoint.url == triton.grpc_url and stream.first is not None
+                samples = sum([len(audio) async for audio, _ in stream.chunks()])
+            finally:
+                await stream.aclose()
+            assert samples > 10000
+            assert not ghost.healthy and "UNAVAILABLE" in ghost.last_error
+            assert [ep.active for ep in pool.endpoints] == [0, 0]
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,86 @@
+"""AsyncEngine: concurrent streams get the same frames as the synchronous engine, frames arrive
+while the request is still running, cancel ends a stream, close fails open streams."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from omni_backend.engine import AsyncEngine, EngineClosedError, SamplingParams
+from omni_backend.models.qwen3_tts.runner import create_engine
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def cv(qwen3_loaded, qwen3_tiny_cv):
+    return qwen3_loaded(qwen3_tiny_cv)
+
+
+def test_streams_match_sync_engine(cv):
+    builder = cv.prompt_builder()
+    requests = [(f"r{i}", builder.build(text, speaker=spk, language="auto"), SamplingParams.greedy(max_new_tokens=n))
+                for i, (text, spk, n) in enumerate([("Hello there.", "ryan", 8), ("你好。", "eric", 6),
+                                                    ("How are you today?", "vivian", 10)])]
+    expected = create_engine(cv, max_num_seqs=4, max_model_len=128, num_threads=1).generate(requests)
+
+    async def main():
+        engine = AsyncEngine(create_engine(cv, max_num_seqs=4, max_model_len=128, num_threads=1))
+        try:
+            async def consume(req):
+                frames, seen_running = [], False
+                async for event in engine.add_request(*req):
+                    if event.codes is not None:
+                        frames.append(event.codes)
+                    seen_running |= not event.finished
+                    last = event
+                assert last.finished and last.finish_reason == "length" and seen_running
+                return req[0], frames
+
+            results = dict(await asyncio.gather(*(consume(r) for r in requests)))
+            assert engine.num_requests == 0
+            return results
+        finally:
+            engine.close()
+
+    assert asyncio.run(main()) == expected
+
+
+def test_cancel_and_close(cv):
+    prompt = cv.prompt_builder().build("A long request that we will cancel.", speaker="ryan")
+
+    async def main():
+        engine = AsyncEngine(create_engine(cv, max_num_seqs=2, max_model_len=256, num_threads=1))
+        stream = engine.add_request("long", prompt, SamplingParams.greedy(max_new_tokens=200))
+        first = await stream.__anext__()
+        assert first.codes is not None and not first.finished
+        assert stream.cancel()
+        rest = [event async for event in stream]
+        assert rest[-1].finished and rest[-1].finish_reason == "cancelled"
+        assert len(rest) < 50 and stream.finished
+        # aclose() cancels and drains
+        other = engine.add_request("other", prompt, SamplingParams.greedy(max_new_tokens=200))
+        await other.__anext__()
+        await other.aclose()
+        assert other.finished
+        # close() fails streams still open
+        third = engine.add_request("third", prompt, SamplingParams.greedy(max_new_tokens=200))
+        await asyncio.get_running_loop().run_in_executor(None, engine.close)
+        with pytest.raises(EngineClosedError):
+            async for _ in third:
+                pass
+        with pytest.raises(EngineClosedError):
+            engine.add_request("late", prompt, SamplingParams.greedy())
+        fresh = AsyncEngine(create_engine(cv, max_num_seqs=1, max_model_len=64, num_threads=1))
+        with pytest.raises(ValueError):
+            fresh.add_request("bad", prompt, SamplingParams(max_new_tokens=0))
+        fresh.close()
+
+    asyncio.run(main())

@@ -1,0 +1,107 @@
+"""The speech request: OpenAI fields, extensions, and what goes to each pipeline."""
+from __future__ import annotations
+
+import pytest
+
+from client.speech_api.catalog import Catalog, FieldSpec, PipelineInfo, describe_pipeline
+from client.speech_api.errors import ApiError
+from client.speech_api.request import build_triton_params, parse_speech_body
+
+BASE = {"model": "tts-1", "input": "Hello.", "voice": "alloy"}
+
+
+@pytest.fixture(scope="module")
+def hibari() -> PipelineInfo:
+    return describe_pipeline("hibari", "builtin:hibari")
+
+
+def error_of(fn, *args) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        fn(*args)
+    return e.value
+
+
+def test_defaults_and_openai_fields():
+    req = parse_speech_body({**BASE, "voice": {"id": "heart"}, "instructions": "calm", "speed": 2})
+    assert (req.model, req.input, req.voice) == ("tts-1", "Hello.", "heart")
+    assert (req.response_format, req.stream_format, req.speed) == ("mp3", "audio", 2.0)
+    assert req.instructions == "calm" and req.extensions == {}
+    nulls = parse_speech_body({**BASE, "instructions": None, "speed": None, "response_format": None})
+    assert nulls.speed == 1.0 and nulls.response_format == "mp3"
+
+
+@pytest.mark.parametrize("body,param", [
+    ([], None), ({"input": "x", "voice": "a"}, "model"), ({**BASE, "input": ""}, "input"),
+    ({**BASE, "input": "y" * 4097}, "input"), ({**BASE, "voice": {"id": 3}}, "voice"),
+    ({**BASE, "speed": 0.24}, "speed"), ({**BASE, "speed": float("nan")}, "speed"),
+    ({**BASE, "response_format": "MP3"}, "response_format"), ({**BASE, "stream_format": "ws"}, "stream_format"),
+    ({**BASE, "extra": 1}, "extra"), ({**BASE, "seed": "1"}, "seed"), ({**BASE, "max_new_tokens": 0}, "max_new_tokens"),
+    ({**BASE, "ref_audio": "data:audio/wav;base64,@@@"}, "ref_audio"), ({**BASE, "ref_audio": "/etc/passwd"}, "ref_audio"),
+])
+def test_shape_errors_name_the_field(body, param):
+    e = error_of(parse_speech_body, body)
+    assert e.status == 400 and e.param == param and e.type == "invalid_request_error"
+
+
+def test_hibari_fields_come_from_its_adapter(hibari):
+    assert hibari.known and set(hibari.fields) == {"voice", "speed", "seed"}
+    assert hibari.voices == ["heart"] and hibari.default_voice == "heart"
+    assert hibari.native_speed == (0.5, 2.0) and not hibari.clones_voices
+
+
+@pytest.mark.parametrize("speed,native,stretch", [(1.0, 1.0, 1.0), (1.5, 1.5, 1.0), (0.5, 0.5, 1.0),
+                                                  (0.25, 0.5, 0.5), (4.0, 2.0, 2.0), (3.0, 2.0, 1.5)])
+def test_speed_maps_to_the_native_control_then_stretch(hibari, speed, native, stretch):
+    t = build_triton_params(parse_speech_body({**BASE, "speed": speed}), hibari)
+    assert (t.speed.native, t.speed.stretch) == (native, stretch)
+    assert t.params.get("speed", 1.0) == native
+
+
+def test_voices_and_stock_names(hibari):
+    assert build_triton_params(parse_speech_body({**BASE, "voice": "Heart"}), hibari).params == {"voice": "heart"}
+    assert build_triton_params(parse_speech_body({**BASE, "voice": "shimmer"}), hibari).params == {}
+    e = error_of(build_triton_params, parse_speech_body({**BASE, "voice": "bob"}), hibari)
+    assert e.param == "voice" and "heart" in e.message
+
+
+def test_extensions_only_where_the_pipeline_takes_them(hibari):
+    t = build_triton_params(parse_speech_body({**BASE, "seed": 5}), hibari)
+    assert t.params == {"seed": 5}
+    for field, value in [("language", "en"), ("task_type", "Base"), ("max_new_tokens", 10),
+                         ("initial_codec_chunk_frames", 2)]:
+        e = error_of(build_triton_params, parse_speech_body({**BASE, field: value}), hibari)
+        assert e.param == field and e.code == "unsupported_parameter"
+    e = error_of(build_triton_params, parse_speech_body({**BASE, "ref_text": "hi"}), hibari)
+    assert e.param == "ref_text" and "does not clone" in e.message
+    t = build_triton_params(parse_speech_body({**BASE, "instructions": "whisper"}), hibari)
+    assert "instructions" not in t.params and t.ignored == ["instructions"]
+
+
+def test_extension_names_follow_the_adapter():
+    info = PipelineInfo(name="codec_model", fields={
+        "voice": FieldSpec("voice"), "initial_chunk_frames": FieldSpec("initial_chunk_frames"),
+        "instructions": FieldSpec("instructions"), "language": FieldSpec("language")})
+    body = {**BASE, "voice": "ryan", "initial_codec_chunk_frames": 3, "language": "english", "instructions": "x"}
+    t = build_triton_params(parse_speech_body(body), info)
+    assert t.params == {"voice": "ryan", "initial_chunk_frames": 3, "language": "english", "instructions": "x"}
+    assert t.speed.native == 1.0
+    # no speed control of its own: the shim stretches all of it
+    assert build_triton_params(parse_speech_body({**BASE, "speed": 3}), info).speed.stretch == 3.0
+    # no known voices: a stock name leaves the choice to the model
+    assert "voice" not in build_triton_params(parse_speech_body(BASE), info).params
+
+
+def test_unknown_pipelines_pass_everything_to_triton():
+    info = PipelineInfo(name="remote")
+    body = {**BASE, "voice": "custom", "language": "de", "ref_audio": "data:audio/wav;base64,AAAA"}
+    t = build_triton_params(parse_speech_body(body), info)
+    assert t.params == {"voice": "custom", "language": "de", "ref_audio": "data:audio/wav;base64,AAAA"}
+
+
+def test_catalog_aliases(hibari):
+    catalog = Catalog("hibari", describe=lambda name, path: PipelineInfo(name=name))
+    assert catalog.resolve("tts-1") is None
+    catalog.learn("hibari", None)
+    assert [catalog.resolve(m) for m in ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "hibari", "x")] == \
+        ["hibari", "hibari", "hibari", "hibari", None]
+    assert catalog.model_names() == ["hibari", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
