@@ -153,7 +153,7 @@ def reference_audio_s_per_s(model_dir: str, batch: int, frames: int) -> float:
 import time, torch, os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from qwen_tts import Qwen3TTSModel
-torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
 tts = Qwen3TTSModel.from_pretrained({model_dir!r}, dtype=torch.float32, attn_implementation="sdpa")
 texts = {json.dumps(TEXTS)}
 texts = [texts[i % len(texts)] for i in range({batch})]
