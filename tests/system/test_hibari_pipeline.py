@@ -153,3 +153,17 @@ def test_metrics_count_audio_and_ttfa(triton):
     after = metric(triton.metrics_url, "omni_audio_seconds_total", pipeline="hibari")
     assert after - before == pytest.approx(res.audio_s, rel=1e-3)
     assert metric(triton.metrics_url, "omni_ttfa_ms_count", pipeline="hibari") == n_before + 1
+
+
+def test_every_ending_releases_per_request_state(triton):
+    """Finish, an error inside the stage, and an error in the entry all leave nothing behind."""
+    url = triton.metrics_url
+    synthesize(triton.grpc_url, "hibari", "A normal request.")
+    with pytest.raises(TritonStreamError) as e:  # the stage finds nothing to speak
+        synthesize(triton.grpc_url, "hibari", "\U0001f642")
+    assert str(e.value).startswith("invalid_request: text:")
+    with pytest.raises(TritonStreamError):  # rejected by the entry's adapter
+        synthesize(triton.grpc_url, "hibari", "Hi.", {"speed": 0})
+    assert wait_for(url, "omni_active_streams", 0, pipeline="hibari") == 0
+    assert wait_for(url, "omni_stage_active_requests", 0, model="hibari__synthesizer") == 0
+    assert synthesize(triton.grpc_url, "hibari", "Still fine.").audio_s > 0.3
