@@ -73,8 +73,9 @@ def stage_config(p: PipelineConfig, s: StageConfig, deploy: DeployConfig, common
             "instance_group": _instance_group(sd.instances, sd.device),
             "parameters": params,
         }
-    out = (_tensor("AUDIO", "TYPE_FP32", [-1]) if s.engine_output_type == "audio"
-           else _tensor("CODES", "TYPE_INT64", [-1, -1]))
+    # latent stages: codec frames, and (voice clone) the reference frames that decode as context only
+    outputs = ([_tensor("AUDIO", "TYPE_FP32", [-1])] if s.engine_output_type == "audio"
+               else [_tensor("CODES", "TYPE_INT64", [-1, -1]), _tensor("CONTEXT_CODES", "TYPE_INT64", [-1, -1])])
     return {
         "name": p.stage_model_name(s),
         "backend": "python",
@@ -83,7 +84,7 @@ def stage_config(p: PipelineConfig, s: StageConfig, deploy: DeployConfig, common
         "input": [_tensor("REQUEST", "TYPE_STRING", [1], optional=True),
                   _tensor("REQUEST_ID", "TYPE_STRING", [1]),
                   _tensor("CONTROL", "TYPE_STRING", [1], optional=True)],
-        "output": [out],
+        "output": outputs,
         "instance_group": _instance_group(sd.instances, sd.device),
         "parameters": params,
     }

@@ -42,3 +42,6 @@ QWEN3_TTS = register(_qwen3_tts(
 QWEN3_TTS_TINY_RANDOM = register(_qwen3_tts(
     "qwen3_tts_tiny_random", "Qwen3-TTS tiny RANDOM weights (speaks noise): the two-stage path out of "
                              "the box", "builtin:qwen3_tts_tiny_random"))
+QWEN3_TTS_TINY_RANDOM_BASE = register(_qwen3_tts(
+    "qwen3_tts_tiny_random_base", "Qwen3-TTS tiny RANDOM weights, Base checkpoint (voice cloning from ref_audio; "
+                                  "speaks noise)", "builtin:qwen3_tts_tiny_random_base"))

@@ -112,8 +112,9 @@ def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params:
     s0, s1 = deploy.stage(0), deploy.stage(1)
     torch.set_num_threads(s0.threads)
     engine = create_engine(model_dir, max_num_seqs=max(concurrency, s0.max_num_seqs),
-                           max_model_len=s0.max_model_len, dtype=s0.dtype)
-    decoder = Code2Wav.from_checkpoint(os.path.join(model_dir, "speech_tokenizer"))
+                           max_model_len=s0.max_model_len, dtype=s0.dtype, device=s0.device,
+                           cuda_graph_sizes=s0.cuda_graph_sizes, enforce_eager=s0.enforce_eager)
+    decoder = Code2Wav.from_checkpoint(os.path.join(model_dir, "speech_tokenizer"), device=s1.device)
     builder = engine.runner.checkpoint.prompt_builder()
     sp = dataclasses.replace(engine.default_params, **{k: v for k, v in params.items() if k != "voice"})
     a = deploy.async_chunk

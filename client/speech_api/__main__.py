@@ -24,6 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="pipeline behind tts-1, tts-1-hd and gpt-4o-mini-tts (default hibari)")
     ap.add_argument("--probe-interval", type=float, default=1.0, metavar="SECONDS",
                     help="how often each Triton is health-checked (default 1.0)")
+    ap.add_argument("--voices-dir", default=None, metavar="DIR",
+                    help="where uploaded voices are stored (default $OMNI_VOICES_DIR or $OMNI_CACHE_DIR/voices, ~/.cache/omni-triton/voices)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = ap.parse_args(argv)
     if args.max_streams_per_pipeline < 0:
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
     config = ShimConfig(tritons=args.triton or ["localhost:8001"], api_keys=load_api_keys(args.api_key),
                         max_streams_per_pipeline=args.max_streams_per_pipeline,
-                        default_pipeline=args.default_pipeline, probe_interval_s=args.probe_interval)
+                        default_pipeline=args.default_pipeline, probe_interval_s=args.probe_interval,
+                        voices_dir=args.voices_dir)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False, timeout_graceful_shutdown=5)
     return 0

@@ -20,6 +20,7 @@ from client.speech_api.config import ShimConfig
 from client.speech_api.errors import ApiError, invalid_request, not_found
 from client.speech_api.pool import TritonPool
 from client.speech_api.routes import STATIC_DIR, router
+from client.speech_api.voices import VoiceRegistry, default_voices_dir
 
 log = logging.getLogger("omni.speech_api")
 EXPOSED_HEADERS = ["x-request-id", "retry-after", "retry-after-ms", "x-omni-model", "x-omni-ttfa-ms",
@@ -35,6 +36,7 @@ class Shim:
         self.catalog = Catalog(config.default_pipeline)
         self.pool = TritonPool(config.tritons, self.catalog, probe_interval_s=config.probe_interval_s)
         self.limiter = StreamLimiter(config.max_streams_per_pipeline, config.retry_after_s)
+        self.voices = VoiceRegistry(config.voices_dir or default_voices_dir())
         self.started_at = time.time()
 
 

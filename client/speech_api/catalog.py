@@ -27,7 +27,7 @@ OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "on
 # Request field names a pipeline may use for the speaker, first match wins.
 VOICE_PARAM_NAMES = ("voice", "speaker")
 # Fields that only make sense for pipelines that clone a voice from reference audio.
-CLONE_FIELDS = ("ref_audio", "ref_text")
+CLONE_FIELDS = ("ref_audio", "ref_text", "x_vector_only_mode")
 _HEAVY_MODULES = ("torch", "transformers", "torchaudio")
 
 
@@ -119,6 +119,19 @@ def _qwen3_tts_speakers(model_path: str) -> tuple[str, ...]:
 VOICE_LISTS: dict[str, Callable[[str], tuple[str, ...]]] = {"qwen3_tts": _qwen3_tts_speakers}
 
 
+def _qwen3_tts_clones(model_path: str) -> bool:
+    """Only Base checkpoints clone voices (the adapter's fields are those of every checkpoint)."""
+    from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
+    from omni_backend.models.qwen3_tts.config import load_config
+
+    return load_config(resolve_checkpoint(model_path)).tts_model_type == "base"
+
+
+# model type -> whether the served checkpoint clones voices, for adapters whose clone fields
+# depend on the checkpoint; when it does not, the clone fields are dropped.
+CLONE_CHECKS: dict[str, Callable[[str], bool]] = {"qwen3_tts": _qwen3_tts_clones}
+
+
 def describe_pipeline(name: str, model_path: str | None = None) -> PipelineInfo:
     """Read a pipeline's request fields from its adapter, never importing torch."""
     try:
@@ -141,12 +154,19 @@ def describe_pipeline(name: str, model_path: str | None = None) -> PipelineInfo:
                     voices = lister(model_path)
                 except Exception as e:  # noqa: BLE001
                     log.info("pipeline %s: voices unknown to the shim (%s)", name, e)
+            clones = None
+            clone_check = CLONE_CHECKS.get(config.model_type)
+            if clone_check and model_path:
+                try:
+                    clones = clone_check(model_path)
+                except Exception as e:  # noqa: BLE001
+                    log.info("pipeline %s: whether it clones voices is unknown to the shim (%s)", name, e)
     except Exception as e:  # noqa: BLE001 - unknown here: Triton validates instead
         log.warning("pipeline %s: request fields unknown to the shim (%s); passing them through", name, e)
         return PipelineInfo(name=name)
     fields = {n: FieldSpec(name=n, default=p.default, lo=p.lo, hi=p.hi,
                            choices=tuple(p.choices) if p.choices else None, check=p.check)
-              for n, p in specs.items()}
+              for n, p in specs.items() if not (clones is False and n in CLONE_FIELDS)}
     for n in VOICE_PARAM_NAMES:
         if voices and n in fields and fields[n].choices is None:
             fields[n] = FieldSpec(name=n, default=fields[n].default, choices=voices, check=fields[n].check)

@@ -12,3 +12,4 @@ class ShimConfig:
     default_pipeline: str = "hibari"        # what tts-1, tts-1-hd and gpt-4o-mini-tts mean
     probe_interval_s: float = 1.0
     retry_after_s: float = 1.0
+    voices_dir: str | None = None           # uploaded voices; None: $OMNI_VOICES_DIR or $OMNI_CACHE_DIR/voices, ~/.cache/omni-triton/voices

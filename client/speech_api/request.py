@@ -26,7 +26,7 @@ SPEED_RANGE = (0.25, 4.0)
 OPENAI_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed", "stream_format")
 # Extensions shared with vLLM-Omni's speech API; passed to pipelines whose adapter accepts them.
 EXTENSION_FIELDS = ("task_type", "language", "seed", "max_new_tokens", "initial_codec_chunk_frames",
-                    "ref_audio", "ref_text")
+                    "ref_audio", "ref_text", "x_vector_only_mode")
 MAX_REF_AUDIO_CHARS = 16 * 1024 * 1024
 # An extension may have another name in a pipeline's adapter; the first name it accepts is used.
 EXTENSION_PARAM_NAMES = {"initial_codec_chunk_frames": ("initial_codec_chunk_frames", "initial_chunk_frames")}
@@ -163,6 +163,11 @@ def parse_speech_body(body: Any) -> SpeechRequest:
         value = _integer(body, name, lo, hi)
         if value is not None:
             ext[name] = value
+    x_vector_only = _optional(body, "x_vector_only_mode")
+    if x_vector_only is not None:
+        if not isinstance(x_vector_only, bool):
+            raise invalid_request("x_vector_only_mode", f"x_vector_only_mode: must be true or false, got {x_vector_only!r}")
+        ext["x_vector_only_mode"] = x_vector_only
     ref_audio = _string(body, "ref_audio")
     if ref_audio is not None:
         ext["ref_audio"] = _ref_audio(ref_audio)
@@ -197,10 +202,22 @@ def _check_field(info: PipelineInfo, name: str, value: Any, field: str | None = 
         raise invalid_request(field, f"{field}: {detail}") from None
 
 
-def build_triton_params(req: SpeechRequest, info: PipelineInfo) -> TritonRequest:
-    """Check the request against the resolved pipeline and produce Triton's PARAMS."""
+def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any = None) -> TritonRequest:
+    """Check the request against the resolved pipeline and produce Triton's PARAMS.
+    ``registered``: an uploaded voice (``VoiceRegistry``) looked up by name; on a pipeline that
+    clones voices, a request naming one (and carrying no ``ref_audio`` of its own) clones it."""
     params: dict[str, Any] = {}
     ignored: list[str] = []
+    voice = registered.get(req.voice) if registered is not None and info.clones_voices else None
+    if voice is not None and "ref_audio" not in req.extensions:
+        req.extensions = dict(req.extensions)
+        req.extensions["ref_audio"] = registered.data_url(voice)
+        if voice.ref_text and "ref_text" not in req.extensions and not req.extensions.get("x_vector_only_mode"):
+            req.extensions["ref_text"] = voice.ref_text
+        elif not voice.ref_text and "ref_text" not in req.extensions:
+            req.extensions["x_vector_only_mode"] = True
+    else:
+        voice = None
 
     for name, value in req.extensions.items():
         if name in CLONE_FIELDS and info.known and not info.clones_voices:
@@ -218,7 +235,15 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo) -> TritonRequest
     # model really has a voice of that name: the voice is then left out and the model decides.
     voice_spec = info.voice_field
     stock = req.voice.lower() in OPENAI_VOICES
-    if voice_spec is not None:
+    if voice is not None:
+        pass  # the registered voice is the reference audio
+    elif (info.clones_voices and voice_spec is not None and not voice_spec.choices and not stock
+          and "ref_audio" not in req.extensions):
+        known = [v.name for v in registered.list()] if registered is not None else []
+        raise invalid_request("voice", f"voice: no registered voice named {req.voice!r} (registered: "
+                                       f"{', '.join(known) or 'none'}); upload one to /v1/audio/voices or "
+                                       "pass ref_audio")
+    elif voice_spec is not None:
         if voice_spec.choices and req.voice.lower() not in voice_spec.choices:
             if not stock:
                 raise invalid_request("voice", f"voice: unknown voice {req.voice!r} for model "

@@ -1,6 +1,7 @@
 """The HTTP surface: speech, models, voices, health and the web page."""
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -9,11 +10,12 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from client.speech_api.encoders import CONTENT_TYPES
 from client.speech_api.encoders.pcm import PCM_RATE
-from client.speech_api.errors import ApiError, model_not_found, no_backend
+from client.speech_api.errors import ApiError, invalid_request, model_not_found, no_backend
 from client.speech_api.request import body_error, build_triton_params, parse_speech_body
 from client.speech_api.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
 from client.speech_api.response import AudioStreamResponse
 from client.speech_api.synthesis import SpeechSynthesis
+from client.speech_api.voices import MAX_AUDIO_BYTES
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 MAX_BODY_BYTES = 24 * 1024 * 1024
@@ -79,15 +81,76 @@ async def get_model(request: Request, model: str) -> JSONResponse:
 @router.get("/v1/audio/voices")
 async def list_voices(request: Request) -> JSONResponse:
     """`{"model", "voices": [...], "default"}` for `?model=` (default: the default pipeline),
-    plus `models`: every pipeline's voices."""
+    plus `models`: every pipeline's voices, and `registered`: the uploaded voices (which are the
+    voices of pipelines that clone voices)."""
     _authorize(request)
     shim = _shim(request)
+    registered = shim.voices.list()
+    names = [v.name for v in registered]
     model = request.query_params.get("model") or shim.config.default_pipeline
     pipeline = await _resolve(request, model)
     info = shim.catalog.get(pipeline)
-    every = {name: p.voices for name, p in sorted(shim.catalog.pipelines().items())}
-    return JSONResponse({"model": pipeline, "voices": info.voices, "default": info.default_voice,
-                         "clones_voices": info.clones_voices, "models": every})
+    every = {name: (p.voices + names if p.clones_voices else p.voices)
+             for name, p in sorted(shim.catalog.pipelines().items())}
+    return JSONResponse({"model": pipeline, "voices": info.voices + names if info.clones_voices else info.voices,
+                         "default": info.default_voice, "clones_voices": info.clones_voices, "models": every,
+                         "registered": [v.public() for v in registered]})
+
+
+async def _form_audio(form) -> bytes:
+    upload = form.get("audio") or form.get("file")
+    if upload is None or isinstance(upload, str):
+        raise invalid_request("audio", "audio: required, as a file part (wav, flac or mp3, at most 10 MiB)",
+                              code="missing_required_parameter")
+    data = await upload.read(MAX_AUDIO_BYTES + 1)
+    if len(data) > MAX_AUDIO_BYTES:
+        raise invalid_request("audio", f"audio: larger than {MAX_AUDIO_BYTES} bytes")
+    return data
+
+
+@router.post("/v1/audio/voices")
+async def create_voice(request: Request) -> JSONResponse:
+    """Upload a voice (multipart: name, audio, ref_text, consent); see voices.py."""
+    _authorize(request)
+    shim = _shim(request)
+    if not request.headers.get("content-type", "").startswith(("multipart/form-data",
+                                                                "application/x-www-form-urlencoded")):
+        raise invalid_request(None, "Upload a voice as multipart/form-data with name, audio, ref_text and consent")
+    try:
+        form = await request.form(max_files=1, max_fields=8)
+    except Exception as e:  # noqa: BLE001 - malformed multipart
+        raise invalid_request(None, f"The multipart body does not parse ({e})") from None
+    try:
+        def text(name):
+            value = form.get(name)
+            if value is not None and not isinstance(value, str):
+                raise invalid_request(name, f"{name}: must be a text field")
+            return value
+
+        audio = await _form_audio(form)
+        voice = await asyncio.to_thread(shim.voices.add, text("name"), audio, text("ref_text"), text("consent"))
+    finally:
+        await form.close()
+    return JSONResponse(voice.public(), status_code=201)
+
+
+@router.get("/v1/audio/voices/{name}")
+async def get_voice(request: Request, name: str) -> JSONResponse:
+    _authorize(request)
+    voice = _shim(request).voices.get(name)
+    if voice is None:
+        raise ApiError(404, f"No voice named {name!r}", type="invalid_request_error", code="voice_not_found",
+                       param="name")
+    return JSONResponse(voice.public())
+
+
+@router.delete("/v1/audio/voices/{name}")
+async def delete_voice(request: Request, name: str) -> JSONResponse:
+    _authorize(request)
+    if not await asyncio.to_thread(_shim(request).voices.remove, name):
+        raise ApiError(404, f"No voice named {name!r}", type="invalid_request_error", code="voice_not_found",
+                       param="name")
+    return JSONResponse({"id": name.strip().lower(), "object": "voice", "deleted": True})
 
 
 @router.post("/v1/audio/speech")
@@ -108,7 +171,7 @@ async def create_speech(request: Request):
     speech = parse_speech_body(body)
     pipeline = await _resolve(request, speech.model)
     info = shim.catalog.get(pipeline)
-    triton_request = build_triton_params(speech, info)
+    triton_request = build_triton_params(speech, info, shim.voices)
     access.update(model=pipeline, format=speech.response_format,
                   stream=speech.stream_format, speed=speech.speed)
     synthesis = SpeechSynthesis(shim.pool, shim.limiter, triton_request, speech.response_format,

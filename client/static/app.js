@@ -217,7 +217,27 @@ function stop() {
   }
 }
 
+async function uploadVoice() {
+  const file = $("voice-file").files[0];
+  const form = new FormData();
+  form.append("name", $("voice-name").value.trim());
+  form.append("ref_text", $("voice-text").value);
+  form.append("consent", $("voice-consent").checked ? "true" : "false");
+  if (file) form.append("audio", file, file.name);
+  try {
+    const resp = await fetch("/v1/audio/voices", { method: "POST", body: form, headers: authHeaders() });
+    const body = await resp.json();
+    if (!resp.ok) throw new Error(body.error ? body.error.message : `HTTP ${resp.status}`);
+    setStatus(`voice ${body.id} uploaded (${body.duration_s} s)`);
+    await loadVoices();
+    $("voice").value = body.id;
+  } catch (e) {
+    setStatus(`upload: ${e.message}`, true);
+  }
+}
+
 $("apikey").value = localStorage.getItem("omniApiKey") || "";
+$("voice-upload").addEventListener("click", uploadVoice);
 $("model").addEventListener("change", loadVoices);
 $("apikey").addEventListener("change", loadModels);
 $("play").addEventListener("click", play);

@@ -1,4 +1,9 @@
-"""Request fields of Qwen3-TTS (CustomVoice and VoiceDesign checkpoints).
+"""Request fields of Qwen3-TTS (CustomVoice, VoiceDesign and Base (voice clone) checkpoints).
+
+Base checkpoints clone the voice of ``ref_audio`` (a data URL or base64 of a wav / flac / mp3
+file, 1..30 s, at most 10 MiB): in-context with its transcript ``ref_text`` (the default), or from
+the speaker embedding alone with ``x_vector_only_mode``. The entry decodes the audio once to
+check it; the talker stage encodes it (once per recording and mode, then from its cache).
 
 Validation runs the real prompt builder (config + tokenizer, no weights), so an unknown speaker
 or language, instructions on a checkpoint that takes none, or a VoiceDesign request without
@@ -14,6 +19,8 @@ from omni_backend.errors import InvalidRequest
 TASK_TYPES = {"customvoice": "custom_voice", "voicedesign": "voice_design", "base": "base"}
 TASK_NAMES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
 DEFAULT_SPEAKER = "vivian"
+REF_AUDIO_MAX_BYTES = 10 * 1024 * 1024
+REF_AUDIO_MAX_CHARS = REF_AUDIO_MAX_BYTES * 4 // 3 + 256   # base64 of 10 MiB plus a data-URL header
 
 
 @register_adapter
@@ -39,6 +46,10 @@ class Qwen3TTSAdapter(TTSAdapter):
         Param("initial_chunk_frames", int, lo=1, hi=64, help="frames in the first audio chunk"),
         Param("chunk_frames", int, lo=1, hi=300, help="frames per later chunk"),
         Param("left_context_frames", int, lo=0, hi=300, help="codec context frames per window"),
+        Param("ref_audio", str, max_len=REF_AUDIO_MAX_CHARS,
+              help="Base: voice to clone, data URL or base64 of wav/flac/mp3 (1-30 s, <= 10 MiB)"),
+        Param("ref_text", str, max_len=4096, help="Base: transcript of ref_audio (required unless x_vector_only_mode)"),
+        Param("x_vector_only_mode", bool, help="Base: clone from the speaker embedding only (no ref_text)"),
     )
 
     def __init__(self, context: dict[str, Any] | None = None):
@@ -84,8 +95,41 @@ class Qwen3TTSAdapter(TTSAdapter):
             params["instructions"] = None
         if params.get("instructions") and self.builder.config.ignores_instructions:
             raise InvalidRequest("instructions", "this checkpoint (0.6B CustomVoice) takes no instructions")
+        clone = self._check_voice_clone(kind, params)
         # Builds the real prompt: raises InvalidRequest naming voice / language / instructions.
         self.builder.build(text, speaker=params.get("voice"), language=params.get("language"),
                            instruct=params.get("instructions"),
-                           non_streaming_mode=params.get("non_streaming_mode"))
+                           non_streaming_mode=params.get("non_streaming_mode"), voice_clone=clone)
         return params
+
+    def _check_voice_clone(self, kind: str, params: dict[str, Any]):
+        """Base: the reference audio decodes, is 1..30 s and <= 10 MiB, and ICL mode has a
+        transcript. Returns a stand-in clone prompt (zeros of the right shapes) for the builder."""
+        fields = ("ref_audio", "ref_text", "x_vector_only_mode")
+        if kind != "base":
+            for name in fields:
+                if params.get(name) is not None:
+                    raise InvalidRequest(name, f"voice cloning needs a Base checkpoint; this one serves "
+                                               f"{TASK_NAMES[kind]}")
+            return None
+        import torch
+
+        from omni_backend.models.qwen3_tts.prompt import VoiceClonePrompt
+        from omni_backend.models.qwen3_tts.voice_clone import ReferenceAudioLimits, decode_reference_audio
+
+        if params.get("ref_audio") is None:
+            raise InvalidRequest("ref_audio", "required by the Base (voice clone) checkpoint: a data URL or "
+                                              "base64 of a wav / flac / mp3 recording")
+        x_vector_only = bool(params.get("x_vector_only_mode"))
+        if params.get("ref_text") is not None and not params["ref_text"].strip():
+            params["ref_text"] = None
+        if not x_vector_only and not params.get("ref_text"):
+            raise InvalidRequest("ref_text", "required for in-context voice cloning (the transcript of "
+                                             "ref_audio), unless x_vector_only_mode is true")
+        audio, rate = decode_reference_audio(params["ref_audio"], "ref_audio",
+                                             ReferenceAudioLimits(max_bytes=REF_AUDIO_MAX_BYTES))
+        hidden = self.builder.config.talker.hidden_size
+        frames = max(1, -(-int(round(audio.shape[0] * 24000 / rate)) // 1920))
+        return VoiceClonePrompt(speaker_embedding=torch.zeros(hidden),
+                                ref_codes=None if x_vector_only else torch.zeros(frames, 16, dtype=torch.long),
+                                x_vector_only=x_vector_only, ref_text=params.get("ref_text"))

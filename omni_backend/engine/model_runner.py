@@ -6,7 +6,8 @@ request bookkeeping, admission, cancellation and the event stream. A multi-codeb
 (Qwen3-TTS, CSM, ...) produces one frame per sequence per ``decode`` call.
 
 For CUDA graphs, a runner keeps its decode inputs in static buffers sized ``max_num_seqs`` and
-captures ``decode`` per batch-size bucket; the interface does not change.
+captures its step per batch-size bucket (:class:`~omni_backend.engine.cuda_graphs.GraphBuckets`);
+the interface does not change.
 """
 from __future__ import annotations
 

@@ -4,6 +4,11 @@ A reader task pulls frames from stage 0 as they are made; the chunk schedule cut
 windows (a small first chunk for time to first audio, then `chunk_frames`, each window carrying up
 to `left_context_frames` of context); each window is decoded by the codec stage over BLS while
 the AR stage keeps generating; the codec stage returns the new frames' audio only.
+
+Stage 0 may send CONTEXT_CODES first (voice cloning in context: the reference recording's codes).
+They precede the generated frames as codec left context only: the schedule counts generated
+frames, a window's context reaches back into the reference frames, and their audio is never
+emitted, which is the reference's "decode ref + new codes, cut the reference part".
 """
 from __future__ import annotations
 
@@ -49,15 +54,20 @@ class CodecStreamer:
 
     async def stream(self, ctx: StreamContext, request: dict[str, Any]) -> AsyncIterator[np.ndarray]:
         schedule = self.schedule(request)
-        frames: list[np.ndarray] = []
-        state = {"finished": False, "error": None}
+        frames: list[np.ndarray] = []      # context frames, then generated frames
+        state = {"finished": False, "error": None, "context": 0}
         arrived = asyncio.Event()
-        upstream = self.entry.stage0_stream(ctx, request, ["CODES"])
+        upstream = self.entry.stage0_stream(ctx, request, ["CODES", "CONTEXT_CODES"])
 
         async def read() -> None:
             try:
                 async for out in upstream:
-                    frames.extend(out["CODES"].reshape(-1, out["CODES"].shape[-1]))
+                    if "CONTEXT_CODES" in out and not frames:
+                        context = out["CONTEXT_CODES"]
+                        frames.extend(context.reshape(-1, context.shape[-1]))
+                        state["context"] = len(frames)
+                    if "CODES" in out:
+                        frames.extend(out["CODES"].reshape(-1, out["CODES"].shape[-1]))
                     arrived.set()
             except BaseException as e:  # handed to the consumer below
                 state["error"] = e
@@ -70,19 +80,23 @@ class CodecStreamer:
             emitted = 0
             window_no = 0
             while True:
-                window = schedule.next_window(emitted, len(frames), state["finished"])
+                offset = state["context"]
+                window = schedule.next_window(emitted, len(frames) - offset, state["finished"])
                 if window is None:
                     if state["finished"]:
                         if isinstance(state["error"], Exception):
                             raise state["error"]
                         return
                     arrived.clear()
-                    if schedule.next_window(emitted, len(frames), state["finished"]) is None:
+                    if schedule.next_window(emitted, len(frames) - state["context"], state["finished"]) is None:
                         await self.entry.wait(ctx, arrived.wait())
                     continue
-                codes = np.stack(frames[window.start_frame:window.end_frame], axis=1)  # [q, frames]
+                # the window's context may reach back into the reference frames
+                left = min(schedule.left_context_frames, offset + emitted)
+                start = offset + emitted - left
+                codes = np.stack(frames[start:offset + window.end_frame], axis=1)  # [q, frames]
                 audio = await self.entry.wait(ctx, self.entry.run_blocking(
-                    _decode, self.codec_model, codes, window.left_context_frames,
+                    _decode, self.codec_model, codes, left,
                     f"{upstream.request_id}-w{window_no}"))
                 window_no += 1
                 emitted = window.end_frame

@@ -14,6 +14,7 @@ _FAMILIES = {
     "omni_requests_total": ("Requests finished, by outcome", "COUNTER"),
     "omni_errors_total": ("Requests that ended in an error, by error code", "COUNTER"),
     "omni_stage_active_requests": ("Requests in flight inside a stage model", "GAUGE"),
+    "omni_voice_encodings_total": ("Reference recordings encoded for voice cloning (cache misses)", "COUNTER"),
 }
 _cache: dict[str, "pb_utils.MetricFamily"] = {}
 
@@ -53,4 +54,11 @@ class PipelineMetrics:
 
 class StageMetrics:
     def __init__(self, model_name: str):
+        self.model_name = model_name
         self.active = family("omni_stage_active_requests").Metric(labels={"model": model_name})
+        self._voice_encodings = None
+
+    def voice_encoded(self) -> None:
+        if self._voice_encodings is None:
+            self._voice_encodings = family("omni_voice_encodings_total").Metric(labels={"model": self.model_name})
+        self._voice_encodings.increment(1)

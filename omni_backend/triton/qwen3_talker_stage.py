@@ -2,10 +2,21 @@
 
 One instance hosts one engine; every stream in flight shares its batched steps. Each response
 carries the codec frames made since the last one, CODES [frames, 16] (int64).
+
+Base (voice clone) checkpoints: the request's ``ref_audio`` is encoded into an x-vector and, in
+in-context mode, reference codes; both are cached by (sha256 of the ref_audio payload, mode), so a
+voice used again is not re-encoded (``omni_voice_encodings_total`` counts the encodings). In
+in-context mode the first response also carries CONTEXT_CODES [ref frames, 16]: the entry decodes
+the new frames with them as codec left context (the reference decodes ref + new codes and cuts
+the reference part off), and never emits their audio.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
+import threading
+from collections import OrderedDict
 from typing import Any, AsyncIterator
 
 import numpy as np
@@ -26,7 +37,8 @@ class Qwen3TalkerStage(StageModel):
         sd = self.stage_deploy
         engine = create_engine(resolve_checkpoint(self.model_path), max_num_seqs=sd.max_num_seqs,
                                max_model_len=sd.max_model_len, num_threads=sd.threads, dtype=sd.dtype,
-                               device=sd.device)
+                               device=sd.device, cuda_graph_sizes=sd.cuda_graph_sizes,
+                               enforce_eager=sd.enforce_eager)
         self.builder = engine.runner.checkpoint.prompt_builder()
         # Deploy-level sampling defaults override the checkpoint's generation_config.json.
         overrides = dict(sd.default_sampling_params)
@@ -35,15 +47,58 @@ class Qwen3TalkerStage(StageModel):
         overrides = {k: v for k, v in overrides.items() if k in SAMPLING_FIELDS}
         self.default_params = dataclasses.replace(engine.default_params, **overrides)
         self.engine = AsyncEngine(engine)
+        checkpoint = engine.runner.checkpoint
+        self.voice_encoder = None
+        if checkpoint.config.tts_model_type == "base":
+            from omni_backend.models.qwen3_tts.voice_clone import VoiceEncoder
+
+            self.voice_encoder = VoiceEncoder.from_checkpoint(checkpoint.path, dict(checkpoint.config.speaker_encoder),
+                                                              device=sd.device)
+        self.voice_cache: OrderedDict = OrderedDict()
+        self.voice_cache_size = int(os.environ.get("OMNI_VOICE_CACHE_SIZE", "256"))
+        self.voice_lock = threading.Lock()
+
+    def _encoded_voice(self, ref_audio: str, x_vector_only: bool):
+        """(x-vector, ref codes or None) of a recording, from the cache or encoded now (in a worker
+        thread; one encoding at a time)."""
+        from omni_backend.models.qwen3_tts.voice_clone import decode_reference_audio
+
+        key = (hashlib.sha256(ref_audio.encode("utf-8", "surrogatepass")).hexdigest(), bool(x_vector_only))
+        with self.voice_lock:
+            if key in self.voice_cache:
+                self.voice_cache.move_to_end(key)
+                return self.voice_cache[key]
+            audio, rate = decode_reference_audio(ref_audio, "ref_audio")
+            value = self.voice_encoder.encode_audio(audio, rate, with_codes=not x_vector_only)
+            self.voice_cache[key] = value
+            while len(self.voice_cache) > self.voice_cache_size:
+                self.voice_cache.popitem(last=False)
+            self.metrics.voice_encoded()
+            return value
+
+    async def _voice_clone(self, ctx: StreamContext, request: dict[str, Any]):
+        if request.get("ref_audio") is None:
+            return None
+        from omni_backend.models.qwen3_tts.prompt import VoiceClonePrompt
+
+        if self.voice_encoder is None:
+            raise PipelineError("ref_audio given to a checkpoint without a speaker encoder")
+        x_vector_only = bool(request.get("x_vector_only_mode"))
+        xvector, codes = await self.wait(ctx, self.run_blocking(self._encoded_voice, request["ref_audio"],
+                                                                 x_vector_only))
+        return VoiceClonePrompt(speaker_embedding=xvector, ref_codes=codes, x_vector_only=x_vector_only,
+                                ref_text=request.get("ref_text"))
 
     def sampling_params(self, request: dict[str, Any]) -> SamplingParams:
         values = {k: request[k] for k in SAMPLING_FIELDS if request.get(k) is not None}
         return dataclasses.replace(self.default_params, seed=request.get("seed"), **values)
 
     async def generate(self, ctx: StreamContext, request: dict[str, Any]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        clone = await self._voice_clone(ctx, request)
         prompt = self.builder.build(request["text"], speaker=request.get("voice"),
                                     language=request.get("language"), instruct=request.get("instructions"),
-                                    non_streaming_mode=request.get("non_streaming_mode"))
+                                    non_streaming_mode=request.get("non_streaming_mode"), voice_clone=clone)
+        context = clone.ref_codes if clone is not None and not clone.x_vector_only else None
         stream = self.engine.add_request(ctx.stage_request_id, prompt, self.sampling_params(request))
         ctx.resources.append(stream)
         iterator = stream.__aiter__()
@@ -55,7 +110,12 @@ class Qwen3TalkerStage(StageModel):
             if event.finish_reason == "error":
                 raise PipelineError(f"engine: {event.error}")
             if event.codes is not None:
-                yield [pb_utils.Tensor("CODES", np.asarray([event.codes], dtype=np.int64))]
+                tensors = [pb_utils.Tensor("CODES", np.asarray([event.codes], dtype=np.int64))]
+                if context is not None:
+                    tensors.append(pb_utils.Tensor("CONTEXT_CODES", np.ascontiguousarray(context.numpy(),
+                                                                                         dtype=np.int64)))
+                    context = None
+                yield tensors
             if event.finished:
                 return
 

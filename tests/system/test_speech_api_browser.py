@@ -68,3 +68,42 @@ def test_page_plays_streamed_audio_and_reports_ttfa(shim, browser, tmp_path):
     state = play(browser, "mp3")
     assert state["phase"] == "done", state["error"]
     assert state["audioSeconds"] > 3.0 and state["ttfaMs"] < TTFA_LIMIT_MS
+
+
+def test_page_uploads_a_voice_and_clones_it(shim, browser):
+    """The upload form posts a recording (hibari speech) with its transcript and consent; the
+    voice then appears for the tiny random Base pipeline and plays."""
+    import base64
+    import io
+
+    import soundfile as sf
+    from hibari import Hibari
+
+    text = "Hello there, this is a short reference recording of my voice."
+    buffer = io.BytesIO()
+    sf.write(buffer, Hibari()(text, seed=3), 24000, format="WAV")
+    payload = base64.b64encode(buffer.getvalue()).decode()
+    browser.navigate(f"{shim.url}/")
+    wait_page(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
+    models = browser.evaluate("[...document.getElementById('model').options].map(o => o.value)")
+    if "qwen3_tts_tiny_random_base" not in models:
+        pytest.skip("qwen3_tts_tiny_random_base is not in the model repository")
+    browser.evaluate("(() => { const m = document.getElementById('model'); m.value = 'qwen3_tts_tiny_random_base';"
+                     " m.dispatchEvent(new Event('change')); })()")
+    browser.evaluate(f"""(() => {{
+        const bytes = Uint8Array.from(atob({json.dumps(payload)}), c => c.charCodeAt(0));
+        const dt = new DataTransfer();
+        dt.items.add(new File([bytes], 'me.wav', {{ type: 'audio/wav' }}));
+        document.getElementById('voice-file').files = dt.files;
+        document.getElementById('voice-name').value = 'page-voice';
+        document.getElementById('voice-text').value = {json.dumps(text)};
+        document.getElementById('voice-consent').checked = true;
+        document.getElementById('upload-voice').open = true;
+    }})()""")
+    browser.evaluate("document.getElementById('voice-upload').click()")
+    wait_page(browser, "document.getElementById('voice').value === 'page-voice' || document.getElementById('status').textContent.startsWith('upload:')", 15)
+    assert browser.evaluate("document.getElementById('voice').value") == 'page-voice', browser.evaluate("document.getElementById('status').textContent")
+    browser.evaluate("document.getElementById('text').value = 'A cloned voice.'")
+    state = play(browser, "pcm")
+    assert state["phase"] == "done", state["error"]
+    assert state["audioSeconds"] > 1.0

@@ -60,7 +60,7 @@ def test_validation_errors(cv, vd, base):
     _error(v, "instructions", "required", instruct=None)
     _error(v, "instructions", "required", instruct="")
     _error(v, "voice", "no preset speakers", speaker="ryan", instruct="calm")
-    _error(base.prompt_builder(), "task_type", "not supported yet")
+    _error(base.prompt_builder(), "ref_audio", "give ref_audio")
 
 
 def test_speakers_and_languages(cv):

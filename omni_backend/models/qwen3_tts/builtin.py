@@ -1,4 +1,5 @@
-"""`builtin:qwen3_tts_tiny_random`: a tiny random-weight Qwen3-TTS that runs out of the box.
+"""`builtin:qwen3_tts_tiny_random` (CustomVoice) and `builtin:qwen3_tts_tiny_random_base` (Base,
+voice cloning): tiny random-weight Qwen3-TTS checkpoints that run out of the box.
 
 It speaks noise (random weights); it exists so the two-stage path (AR engine -> code2wav) can be
 served and tested without a user checkpoint. The folder is written once, deterministically, in
@@ -16,6 +17,7 @@ from pathlib import Path
 BUILTIN = {
     # name: (size, model type, seed)
     "qwen3_tts_tiny_random": ("tiny", "custom_voice", 0),
+    "qwen3_tts_tiny_random_base": ("tiny", "base", 0),
 }
 _VERSION = "v1"  # bump when the writer changes what it writes
 

@@ -2,7 +2,8 @@
 
 ``model.safetensors`` (or sharded ``model-*.safetensors`` with an index) holds ``talker.*`` and,
 for base checkpoints, ``speaker_encoder.*``. The ``talker.*`` tensors load strictly into
-:class:`Talker` (missing or unexpected keys are errors); ``speaker_encoder.*`` is not used yet.
+:class:`Talker` (missing or unexpected keys are errors); ``speaker_encoder.*`` is loaded by
+:class:`~omni_backend.models.qwen3_tts.speaker_encoder.SpeakerEncoder` (voice cloning).
 """
 from __future__ import annotations
 

@@ -77,6 +77,7 @@ from omni_backend.chunking import CodecChunkSchedule, CodecWindow, plan_stream_w
 
 __all__ = [
     "Code2Wav",
+    "Code2WavGraphs",
     "Code2WavConfig",
     "CodecChunkSchedule",
     "CodecWindow",
@@ -368,3 +369,66 @@ class Code2Wav(nn.Module):
         schedule = schedule or CodecChunkSchedule()
         for window in schedule.plan(codes.shape[-1]):
             yield self.decode_window(codes[..., window.start_frame: window.end_frame], window.left_context_frames)
+
+
+class Code2WavGraphs:
+    """CUDA graphs of :meth:`Code2Wav.forward` per (batch, frames, skip) bucket (GPU only, optional).
+
+    A streaming schedule makes few window shapes: the first window (``initial_chunk_frames``, no
+    context) and the steady window (``left_context + chunk`` frames, skipping ``left_context``).
+    For each ``(frames, skip)`` in ``windows`` and each batch size in ``batch_sizes`` the decoder
+    is captured over a static code buffer; :meth:`decode_window` pads a batch up to the next
+    captured size with code 0 (padding rows are separate batch items: they cannot touch the real
+    rows) and replays, and falls back to the eager decoder for any other shape. Replays equal
+    the eager decoder run on the same padded batch. With ``enabled=False`` (or on CPU) nothing is
+    captured and every call is eager.
+    """
+
+    def __init__(self, model: Code2Wav, windows: Sequence[tuple[int, int]] = ((2, 0), (97, 72)),
+                 batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), enabled: bool | None = None,
+                 warmup: int = 2) -> None:
+        self.model = model
+        self.windows = [(int(f), int(s)) for f, s in windows]
+        self.batch_sizes = sorted({int(b) for b in batch_sizes})
+        self.enabled = model.device.type == "cuda" if enabled is None else bool(enabled)
+        self.warmup = warmup
+        self.graphs: dict[tuple[int, int, int], tuple] = {}
+
+    def capture(self) -> None:
+        if not self.enabled:
+            return
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        largest = self.batch_sizes[-1]
+        with torch.inference_mode():
+            for frames, skip in self.windows:
+                codes = torch.zeros(largest, self.model.num_quantizers, frames, dtype=torch.long,
+                                    device=self.model.device)
+                for size in reversed(self.batch_sizes):
+                    view = codes[:size]
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        for _ in range(self.warmup):
+                            self.model(view, skip)
+                    torch.cuda.current_stream().wait_stream(stream)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        audio = self.model(view, skip)
+                    self.graphs[(size, frames, skip)] = (graph, codes, audio)
+            torch.cuda.synchronize()
+
+    @torch.inference_mode()
+    def decode_window(self, codes: torch.Tensor, left_context_frames: int) -> torch.Tensor:
+        """As :meth:`Code2Wav.decode_window`; replays a graph when the shape has one."""
+        codes = self.model._check_codes(codes)
+        batch, frames = codes.shape[0], codes.shape[-1]
+        size = next((b for b in self.batch_sizes if b >= batch), None)
+        entry = self.graphs.get((size, frames, left_context_frames)) if size is not None else None
+        if entry is None:
+            return self.model.decode_window(codes, left_context_frames)
+        graph, buffer, audio = entry
+        buffer[:batch].copy_(codes)
+        if size > batch:
+            buffer[batch:size].zero_()
+        graph.replay()
+        return audio[:batch].clone()

@@ -17,8 +17,15 @@ The talker's input at each position is a text-channel embedding plus a codec-cha
 The embedding maths is the reference ``generate()``'s, in the same tensor shapes (on CPU the
 bits of a matmul depend on its row count), so the prefill is bit-identical.
 
-Voice cloning (``base`` checkpoints: x-vector and in-context prompts) is a later issue; its hook
-is :class:`VoiceClonePrompt` and the ``voice_clone`` argument, which for now is rejected.
+Voice cloning (``base`` checkpoints, the reference ``generate_voice_clone``): the speaker slot
+holds the x-vector of the reference recording. In x-vector-only mode the rest is as above. In
+in-context (ICL) mode step 4 is replaced: the text channel carries the reference transcript's
+tokens, then the text's, then ``tts_eos``; the codec channel carries ``bos`` then, per reference
+frame, the sum of its 16 codebook embeddings. Streaming-text mode (the wrapper's default) adds
+the two channels position by position over the codec's length (text beyond it becomes trailing
+text; a shorter text is padded with ``tts_pad``); non-streaming mode puts the whole text over
+codec ``pad``, then the codec part over ``tts_pad``. The generated audio continues the reference
+recording, whose part the caller cuts off (:func:`reference_cut_samples`).
 """
 from __future__ import annotations
 
@@ -39,6 +46,7 @@ __all__ = [
     "PromptBuilder",
     "PromptEmbeddings",
     "embed_prompt",
+    "reference_cut_samples",
 ]
 
 # Length of the assistant wrapper around the text: 3 tokens before ("<|im_start|>assistant\n"),
@@ -55,14 +63,20 @@ class PromptError(InvalidRequest, ValueError):
 
 @dataclass(frozen=True)
 class VoiceClonePrompt:
-    """Hook for voice cloning on ``base`` checkpoints (a later issue): the speaker slot takes
-    ``speaker_embedding`` (the x-vector, talker hidden size); in-context (ICL) mode adds
-    ``ref_text_ids`` over the codec embeddings of ``ref_codes`` ``[T, 16]``."""
+    """A voice to clone on a ``base`` checkpoint: the speaker slot takes ``speaker_embedding`` (the
+    x-vector, talker hidden size); in-context (ICL) mode (``x_vector_only=False``) adds the
+    reference transcript over the codec embeddings of ``ref_codes`` ``[T, 16]``. ``ref_text`` is
+    the transcript; :meth:`PromptBuilder.build` tokenizes it into ``ref_text_ids``."""
 
     speaker_embedding: Optional[torch.Tensor]
     ref_codes: Optional[torch.Tensor] = None
     ref_text_ids: Optional[tuple[int, ...]] = None
     x_vector_only: bool = True
+    ref_text: Optional[str] = None
+
+    @property
+    def icl(self) -> bool:
+        return not self.x_vector_only and self.ref_codes is not None
 
 
 @dataclass(frozen=True)
@@ -87,8 +101,15 @@ class Qwen3Prompt:
     def prefill_length(self) -> int:
         """Positions of the prefill (talker input length)."""
         instruct = len(self.instruct_ids) if self.instruct_ids else 0
-        codec = len(self.codec_prefix) + (1 if self.speaker_codec_id is not None else 0) + 2
-        length = instruct + _ROLE_TOKENS + codec - 1 + 1
+        clone = self.voice_clone
+        has_speaker = self.speaker_codec_id is not None or (clone is not None and clone.speaker_embedding is not None)
+        codec = len(self.codec_prefix) + (1 if has_speaker else 0) + 2
+        length = instruct + _ROLE_TOKENS + codec - 1
+        if clone is not None and clone.icl:
+            codec_len = 1 + int(clone.ref_codes.shape[0])
+            text_len = len(clone.ref_text_ids or ()) + len(self.text_ids) + 1
+            return length + codec_len + (text_len if self.non_streaming_mode else 0)
+        length += 1
         if self.non_streaming_mode:
             length += len(self.text_ids) + 1
         return length
@@ -126,10 +147,15 @@ class PromptBuilder:
         speaker_name = None
         if kind == "base":
             if voice_clone is None:
-                raise PromptError("task_type", "this is a base (voice clone) checkpoint; voice cloning "
-                                               "(ref_audio / x-vector) is not supported yet")
-            raise PromptError("task_type", "voice cloning is not supported yet")
-        if voice_clone is not None:
+                raise PromptError("ref_audio", "this is a base (voice clone) checkpoint: give ref_audio "
+                                               "(and ref_text), or a registered voice")
+            if speaker is not None and str(speaker).strip() != "":
+                raise PromptError("voice", "the base checkpoint has no preset speakers; clone a voice with ref_audio")
+            if instruct is not None and str(instruct).strip() != "":
+                raise PromptError("instructions", "the base (voice clone) checkpoint takes no instructions")
+            instruct = None
+            voice_clone = self._tokenized_clone(voice_clone)
+        elif voice_clone is not None:
             raise PromptError("ref_audio", f"voice cloning needs a base checkpoint; this one is {kind}")
         if kind == "custom_voice":
             if speaker is None or str(speaker).strip() == "":
@@ -173,7 +199,28 @@ class PromptBuilder:
             raise PromptError("input", "has no text tokens")
         return Qwen3Prompt(input_ids=input_ids, instruct_ids=instruct_ids, codec_prefix=prefix,
                            speaker_codec_id=speaker_codec_id, non_streaming_mode=bool(non_streaming_mode),
-                           language=lang, speaker=speaker_name)
+                           language=lang, speaker=speaker_name, voice_clone=voice_clone)
+
+    def _tokenized_clone(self, clone: VoiceClonePrompt) -> VoiceClonePrompt:
+        """Checks a voice-clone prompt and tokenizes its transcript as the reference wrapper does
+        (``<|im_start|>assistant\n{ref_text}<|im_end|>\n``, without the 3 leading and 2 trailing
+        tokens)."""
+        hidden = self.config.talker.hidden_size
+        if clone.speaker_embedding is None or tuple(clone.speaker_embedding.shape) != (hidden,):
+            raise PromptError("ref_audio", f"the speaker embedding must have shape ({hidden},)")
+        if clone.x_vector_only:
+            return VoiceClonePrompt(speaker_embedding=clone.speaker_embedding, x_vector_only=True)
+        if clone.ref_codes is None or clone.ref_codes.ndim != 2 or clone.ref_codes.shape[1] != 16 \
+                or clone.ref_codes.shape[0] == 0:
+            raise PromptError("ref_audio", "in-context cloning needs reference codes [frames, 16]")
+        ids = clone.ref_text_ids
+        if ids is None:
+            if clone.ref_text is None or not str(clone.ref_text).strip():
+                raise PromptError("ref_text", "required for in-context voice cloning (the transcript of "
+                                              "ref_audio), unless x_vector_only_mode is true")
+            ids = tuple(self.tokenizer.encode(f"<|im_start|>assistant\n{clone.ref_text}<|im_end|>\n"))[3:-2]
+        return VoiceClonePrompt(speaker_embedding=clone.speaker_embedding, ref_codes=clone.ref_codes,
+                                ref_text_ids=tuple(ids), x_vector_only=False, ref_text=clone.ref_text)
 
 
 def _lookup(table, name: str):
@@ -224,9 +271,14 @@ def embed_prompt(talker, config: Qwen3TTSConfig, prompt: Qwen3Prompt) -> PromptE
     role = talker.embed_text(input_id[:, :_ROLE_TOKENS])
     body = torch.cat((tts_pad.expand(-1, codec.shape[1] - 2, -1), tts_bos), dim=1) + codec[:, :-1]
     embeds = torch.cat((role, body), dim=1)
-    # (voice-clone ICL prompts continue here: ref text + text over codec bos + reference codes)
     text_start, text_end = _ROLE_TOKENS, input_id.shape[1] - _TAIL_TOKENS
-    if prompt.non_streaming_mode:
+    clone = prompt.voice_clone
+    if clone is not None and clone.icl:
+        icl, trailing = _embed_icl(talker, config, input_id[:, text_start:text_end], ids(clone.ref_text_ids),
+                                   clone.ref_codes.to(device=device, dtype=torch.long), tts_pad, tts_eos,
+                                   prompt.non_streaming_mode)
+        embeds = torch.cat([embeds, icl], dim=1)
+    elif prompt.non_streaming_mode:
         text = torch.cat((talker.embed_text(input_id[:, text_start:text_end]), tts_eos), dim=1)
         n_text = text_end - text_start + 1
         embeds = torch.cat([
@@ -242,3 +294,31 @@ def embed_prompt(talker, config: Qwen3TTSConfig, prompt: Qwen3Prompt) -> PromptE
     parts.append(embeds)
     prefill = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
     return PromptEmbeddings(prefill=prefill, trailing_text=trailing, tts_pad=tts_pad)
+
+
+def _embed_icl(talker, config: Qwen3TTSConfig, text_ids: torch.Tensor, ref_ids: torch.Tensor, ref_codes: torch.Tensor,
+               tts_pad: torch.Tensor, tts_eos: torch.Tensor, non_streaming_mode: bool):
+    """The in-context part of a voice-clone prompt and its trailing text (module doc)."""
+    t = config.talker
+    device = ref_codes.device
+    text = torch.cat([talker.embed_text(torch.cat([ref_ids, text_ids], dim=-1)), tts_eos], dim=1)
+    # per reference frame, the 16 codebook embeddings ([T, 16, hidden]) summed
+    per_codebook = [talker.embed_codec(ref_codes[:, :1])] + talker.code_predictor.embed_codes(ref_codes[:, 1:])
+    frames = torch.cat(per_codebook, dim=1).sum(1).unsqueeze(0)
+    bos = talker.embed_codec(torch.tensor([[t.codec_bos_id]], dtype=torch.long, device=device))
+    codec = torch.cat([bos, frames], dim=1)
+    text_len, codec_len = text.shape[1], codec.shape[1]
+    if non_streaming_mode:
+        pads = talker.embed_codec(torch.tensor([[t.codec_pad_id] * text_len], dtype=torch.long, device=device))
+        return torch.cat([text + pads, codec + tts_pad], dim=1), tts_pad
+    if text_len > codec_len:
+        return text[:, :codec_len] + codec, text[:, codec_len:]
+    text = torch.cat([text] + [tts_pad] * (codec_len - text_len), dim=1)
+    return text + codec, tts_pad
+
+
+def reference_cut_samples(ref_frames: int, new_frames: int, samples: int) -> int:
+    """Samples to drop from the front of the decode of ``ref codes + new codes`` (``samples`` long):
+    the reference wrapper's proportional cut, ``int(ref / total * samples)``."""
+    total = ref_frames + new_frames
+    return int(ref_frames / max(total, 1) * samples)

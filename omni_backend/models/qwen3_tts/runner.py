@@ -14,15 +14,22 @@ Stopping follows the reference ``generate()``: eos ends a request (eos is not a 
 yields at most ``max_new_tokens - 1`` frames. A request also ends (``length``) when its slot's
 cache is full.
 
-The caches are static (allocated once for ``max_num_seqs`` slots); the per-step inputs (codebook-0
-ids, positions, slot ids, past hidden states) are small tensors built per step. CUDA-graph
-capture per batch-size bucket would move those into static buffers of ``max_num_seqs`` rows and
-capture ``decode``; bit-exact batching on CPU comes from :class:`BatchInvariantOps`.
+The caches are static (allocated once for ``max_num_seqs`` slots). Two step implementations:
+
+* the default on CPU (reference-exact): :class:`~.decode_step.DecodeStep`, the module path's
+  exact tensor ops without its Python overhead, the greedy code-predictor loop replayed from a
+  ``torch.jit.trace`` recording; bit-exact batching comes from :class:`BatchInvariantOps`;
+* the default on CUDA: :class:`~.static_step.StaticFrameStep`, the whole frame (code predictor
+  with in-step token selection, talker decode, codebook-0 processors) over static buffers in
+  which row ``b`` is slot ``b``, captured as CUDA graphs per batch-size bucket at engine
+  creation (``cuda_graph_sizes``; ``enforce_eager`` runs it without graphs). Its greedy codes
+  equal its own eager run (``graph_check.greedy_graph_parity``), not the CPU reference bits.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence as Seq
 
 import torch
 
@@ -31,10 +38,14 @@ from omni_backend.engine.sampling import TokenRules, select, select_rows
 
 from .checkpoint import Qwen3TTSCheckpoint, load_checkpoint
 from .config import GenerationDefaults
+from .decode_step import DecodeStep
 from .layers import BatchInvariantOps
 from .prompt import PromptError, Qwen3Prompt, embed_prompt
+from .static_step import StaticFrameStep
 
 __all__ = ["Qwen3TTSRunner", "create_engine", "sampling_params_from_defaults"]
+
+logger = logging.getLogger(__name__)
 
 
 def sampling_params_from_defaults(defaults: GenerationDefaults, **overrides) -> SamplingParams:
@@ -66,10 +77,15 @@ class _RequestState:
 class Qwen3TTSRunner(ModelRunner):
     """Runs a loaded checkpoint for the engine. ``max_model_len`` bounds prompt + frames per
     request (the talker cache holds ``max_num_seqs x max_model_len`` positions per layer).
-    ``batch_invariant=False`` trades the bit-exactness of batched rows for speed."""
+    ``batch_invariant=False`` trades the bit-exactness of batched rows for speed.
+
+    ``static_step`` (default: on CUDA) runs each decode step as :class:`StaticFrameStep` over
+    static buffers, captured as CUDA graphs per batch-size bucket (``cuda_graph_sizes``) unless
+    ``enforce_eager``; the CPU default is the reference-exact eager path."""
 
     def __init__(self, checkpoint: Qwen3TTSCheckpoint, max_num_seqs: int = 8, max_model_len: int = 2048,
-                 batch_invariant: bool = True) -> None:
+                 batch_invariant: bool = True, static_step: Optional[bool] = None,
+                 cuda_graph_sizes: Seq[int] = (1, 2, 4, 8, 16), enforce_eager: bool = False) -> None:
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         self.talker = checkpoint.talker
@@ -85,6 +101,11 @@ class Qwen3TTSRunner(ModelRunner):
         t = self.config.talker
         self.eos_id = t.codec_eos_token_id
         self.rules = TokenRules(t.vocab_size, t.codec_eos_token_id, t.suppressed_codec_ids, device)
+        self.decode_step = DecodeStep(self.talker, self.ops, self.cp_rotary)  # the module path, minus overhead
+        self.static: Optional[StaticFrameStep] = None
+        self.graphs = None
+        if static_step if static_step is not None else device.type == "cuda":
+            self._init_static(cuda_graph_sizes, enabled=device.type == "cuda" and not enforce_eager)
 
     # -- engine interface
     def check(self, prompt: Qwen3Prompt, params: SamplingParams) -> None:
@@ -109,6 +130,8 @@ class Qwen3TTSRunner(ModelRunner):
         return None
 
     def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
+        if self.static is not None:
+            return self._decode_static(seqs)
         states: list[_RequestState] = [s.state for s in seqs]
         device = self.talker.codec_head.weight.device
         cb0 = torch.tensor([st.pending for st in states], dtype=torch.long, device=device)
@@ -143,19 +166,24 @@ class Qwen3TTSRunner(ModelRunner):
         top_p = [p.subtalker_top_p for p in params]
         generators = [s.generator for s in seqs]
         past_hidden = torch.cat([st.past_hidden for st in states], dim=0)
-        logits = cp.first(past_hidden, cb0_embed, self.cp_cache, self.cp_rotary, self.ops)
+        if not any(sample):  # all greedy: one argmax per step (traced on CPU)
+            return self.decode_step.greedy_codes(past_hidden, cb0_embed, self.cp_cache)
+        logits = self.decode_step.cp_first(past_hidden, cb0_embed, self.cp_cache)
         codes = [select_rows(logits, sample, temperature, top_k, top_p, generators)]
         for step in range(1, cp.num_steps):
-            logits = cp.next(step, codes[-1], self.cp_cache, self.cp_rotary, self.ops)
+            logits = self.decode_step.cp_next(step, codes[-1], self.cp_cache)
             codes.append(select_rows(logits, sample, temperature, top_k, top_p, generators))
         return torch.stack(codes, dim=1)
 
     def _talker_step(self, seqs: list[Sequence], states: list[_RequestState], rows: list[int],
                      cb0_embed: torch.Tensor, codes: torch.Tensor, frames: list[list[int]],
                      outputs: list[Optional[StepOutput]]) -> None:
-        index = torch.tensor(rows, dtype=torch.long, device=codes.device)
-        sub_codes = codes.index_select(0, index)
-        parts = [cb0_embed.index_select(0, index)] + self.code_predictor.embed_codes(sub_codes)
+        if len(rows) == len(seqs):   # everyone goes on (the usual case): no row selection
+            sub_codes, sub_cb0 = codes, cb0_embed
+        else:
+            index = torch.tensor(rows, dtype=torch.long, device=codes.device)
+            sub_codes, sub_cb0 = codes.index_select(0, index), cb0_embed.index_select(0, index)
+        parts = [sub_cb0] + self.decode_step.embed_codes(sub_codes)
         summed = self.ops.elementwise("codebook_sum", lambda x: x.sum(1, keepdim=True), torch.cat(parts, dim=1))
         text = []
         for b in rows:
@@ -165,7 +193,7 @@ class Qwen3TTSRunner(ModelRunner):
         embeds = summed + torch.stack(text, dim=0)
         slots = [seqs[b].slot for b in rows]
         positions = [states[b].prefill_length + states[b].frame for b in rows]
-        logits, hidden = self.talker.decode(embeds, self.cache, slots, positions, self.rotary, self.ops)
+        logits, hidden = self.decode_step.talker_decode(embeds, self.cache, slots, positions, self.rotary)
         for i, b in enumerate(rows):
             seq, st = seqs[b], states[b]
             token = self._select_cb0(logits[i:i + 1], st.generated, seq.params, seq.generator)
@@ -177,6 +205,79 @@ class Qwen3TTSRunner(ModelRunner):
             st.past_hidden = hidden[i:i + 1]
             outputs[b] = StepOutput(seq, frames[b], False, None)
 
+    # -- static step (CUDA graphs)
+    def _init_static(self, sizes: Seq[int], enabled: bool) -> None:
+        from omni_backend.engine.cuda_graphs import GraphBuckets
+
+        t = self.config.talker
+        # a masked-out key still multiplies its value by 0: unwritten (uninitialised) positions must be finite
+        for buffer in self.cache.keys + self.cache.values:
+            buffer.zero_()
+        self.static = StaticFrameStep(self.talker, self.cache, self.cp_cache, self.rotary, self.cp_rotary,
+                                      self.max_num_seqs, self.max_model_len, self.eos_id, t.suppressed_codec_ids)
+        self._row_owner: list[Optional[Sequence]] = [None] * self.max_num_seqs
+        # variants: (sample,) False = every row greedy (no sort / softmax in the graph)
+        self.graphs = GraphBuckets(self.static.run, sizes, self.max_num_seqs, variants=((False,), (True,)),
+                                   enabled=enabled)
+        with torch.inference_mode():
+            try:
+                self.graphs.capture(prepare=self._idle_rows)
+            except Exception:  # serve eagerly rather than not at all; graph_check reports 0 graphs
+                logger.exception("CUDA graph capture failed; the static step runs eagerly")
+                self.graphs.graphs.clear()
+                self.graphs.enabled = False
+
+    def _idle_rows(self, size: int) -> None:
+        """Harmless inputs for rows no request owns (capture warm-up)."""
+        self.static.position[:size].zero_()
+        self.static.generated[:size].zero_()
+        self._row_owner[:size] = [None] * size
+
+    def _decode_static(self, seqs: list[Sequence]) -> list[StepOutput]:
+        static = self.static
+        rows = max(s.slot for s in seqs) + 1
+        size = self.graphs.bucket(rows)
+        position = [0] * size      # idle rows write into position 0 of their own (unused) slot
+        generated = [0] * size
+        texts, text_rows, sample = [], [], False
+        for seq in seqs:
+            st: _RequestState = seq.state
+            b, p = seq.slot, seq.params
+            if self._row_owner[b] is not seq:
+                static.set_row(b, st.pending, st.past_hidden, st.generated, p)
+                self._row_owner[b] = seq
+            t = st.frame
+            pos = st.prefill_length + t
+            position[b] = pos if pos < self.max_model_len else 0   # such a row ends this step anyway
+            generated[b] = len(st.generated)
+            texts.append(st.trailing_text[t:t + 1] if t < st.trailing_text.shape[0] else st.tts_pad)
+            text_rows.append(b)
+            if p.do_sample or p.subtalker_do_sample:
+                sample = True
+                static.fill_noise(b, seq.generator, p.do_sample, p.subtalker_do_sample)
+        device = static.device
+        static.position[:size].copy_(torch.tensor(position, dtype=torch.long))
+        static.generated[:size].copy_(torch.tensor(generated, dtype=torch.long))
+        static.text.index_copy_(0, torch.tensor(text_rows, dtype=torch.long, device=device),
+                                torch.stack(texts).to(static.text.dtype))
+        self.graphs.run(rows, sample)
+        result = static.codes[:size].tolist()
+        outputs = []
+        for seq in seqs:
+            st = seq.state
+            row = result[seq.slot]
+            frame, token = row[:-1], row[-1]
+            t = st.frame
+            if t + 2 >= seq.params.max_new_tokens or st.prefill_length + t >= self.max_model_len:
+                outputs.append(StepOutput(seq, frame, True, "length"))
+            elif token == self.eos_id:
+                outputs.append(StepOutput(seq, frame, True, "stop"))
+            else:
+                st.generated.append(token)
+                st.pending = token
+                outputs.append(StepOutput(seq, frame, False, None))
+        return outputs
+
     def _select_cb0(self, logits: torch.Tensor, generated: list[int], params: SamplingParams,
                     generator: torch.Generator) -> int:
         scores = self.rules.apply(logits, generated, params.repetition_penalty, params.min_new_tokens)
@@ -186,14 +287,19 @@ class Qwen3TTSRunner(ModelRunner):
 def create_engine(checkpoint: Qwen3TTSCheckpoint | str, max_num_seqs: int = 8, max_model_len: int = 2048,
                   num_threads: Optional[int] = None, dtype: torch.dtype | str = torch.float32,
                   device: torch.device | str = "cpu", max_prefills_per_step: int = 1,
-                  batch_invariant: bool = True) -> AREngine:
+                  batch_invariant: bool = True, cuda_graph_sizes: Optional[Seq[int]] = None,
+                  enforce_eager: bool = False, static_step: Optional[bool] = None) -> AREngine:
     """An :class:`AREngine` over a checkpoint (a loaded one or a folder path). The engine's default
-    sampling parameters are the checkpoint's ``generation_config.json``."""
+    sampling parameters are the checkpoint's ``generation_config.json``. On CUDA the decode step
+    is captured as CUDA graphs per ``cuda_graph_sizes`` bucket here, before the engine serves
+    (``enforce_eager`` runs the same static step without graphs)."""
     if num_threads is not None:
         torch.set_num_threads(int(num_threads))
     if isinstance(checkpoint, str):
         checkpoint = load_checkpoint(checkpoint, dtype=dtype, device=device)
     runner = Qwen3TTSRunner(checkpoint, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                            batch_invariant=batch_invariant)
+                            batch_invariant=batch_invariant, static_step=static_step,
+                            cuda_graph_sizes=tuple(cuda_graph_sizes) if cuda_graph_sizes else (1, 2, 4, 8, 16),
+                            enforce_eager=enforce_eager)
     return AREngine(runner, max_prefills_per_step=max_prefills_per_step, num_threads=num_threads,
                     default_params=sampling_params_from_defaults(checkpoint.generation))

@@ -1,0 +1,174 @@
+"""Uploaded voices: a recording (+ transcript) stored once under a name and reused by requests.
+
+`POST /v1/audio/voices` (multipart: `name`, `audio` wav/flac/mp3 <= 10 MiB and 1..30 s,
+`ref_text`, `consent`) stores the recording on disk under ``<voices dir>/<name>/`` (the audio
+bytes as uploaded and ``voice.json``), written to a temporary folder and renamed into place, so
+the registry survives restarts and never holds half a voice. A speech request whose `voice` is a
+registered name, on a pipeline that clones voices, sends the stored recording as `ref_audio` (and
+its transcript as `ref_text`; without a transcript the clone uses the speaker embedding only).
+Triton's talker stage caches the encoded recording by its hash, so a voice is encoded once.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from client.speech_api.catalog import OPENAI_VOICES
+from client.speech_api.errors import invalid_request
+
+MAX_AUDIO_BYTES = 10 * 1024 * 1024
+MIN_SECONDS, MAX_SECONDS = 1.0, 30.0
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+CONSENT_WORDS = ("true", "yes", "1", "on", "i consent", "granted")
+FORMATS = {"WAV": ("wav", "audio/wav"), "FLAC": ("flac", "audio/flac"), "MP3": ("mp3", "audio/mpeg"),
+           "OGG": ("ogg", "audio/ogg")}
+
+
+def default_voices_dir() -> str:
+    """$OMNI_VOICES_DIR, else voices/ under $OMNI_CACHE_DIR (default ~/.cache/omni-triton)."""
+    cache = os.environ.get("OMNI_CACHE_DIR") or str(Path.home() / ".cache" / "omni-triton")
+    return os.environ.get("OMNI_VOICES_DIR") or str(Path(cache) / "voices")
+
+
+@dataclass
+class RegisteredVoice:
+    name: str
+    ref_text: str | None
+    consent: str
+    created_at: int
+    sha256: str
+    bytes: int
+    duration_s: float
+    sample_rate: int
+    format: str
+    audio_file: str
+
+    def public(self) -> dict:
+        out = asdict(self)
+        out.pop("audio_file")
+        return {"id": self.name, "object": "voice", **out}
+
+
+def check_name(raw: str | None) -> str:
+    name = (raw or "").strip().lower()
+    if not NAME_PATTERN.match(name):
+        raise invalid_request("name", "name: 1-64 characters of a-z, 0-9, '_', '-', '.', starting with a letter "
+                                      "or digit")
+    if name in OPENAI_VOICES:
+        raise invalid_request("name", f"name: {name!r} is one of OpenAI's stock voice names; choose another")
+    return name
+
+
+def probe_audio(data: bytes) -> tuple[float, int, str]:
+    """(seconds, sample rate, format) of an uploaded recording; 400 naming `audio` otherwise."""
+    import soundfile as sf
+
+    if len(data) > MAX_AUDIO_BYTES:
+        raise invalid_request("audio", f"audio: {len(data)} bytes; the limit is {MAX_AUDIO_BYTES}")
+    if not data:
+        raise invalid_request("audio", "audio: is empty")
+    try:
+        info = sf.info(io.BytesIO(data))
+    except Exception:  # noqa: BLE001 - libsndfile: "Format not recognised" and the like
+        raise invalid_request("audio", "audio: not a recording this server can read (wav, flac or mp3)") from None
+    if info.format not in FORMATS:
+        raise invalid_request("audio", f"audio: format {info.format} is not accepted (wav, flac or mp3)")
+    seconds = info.frames / float(info.samplerate) if info.samplerate else 0.0
+    if info.frames <= 0 and info.format == "MP3":  # some mp3s report no length: decode to count
+        try:
+            frames, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+            seconds = frames.shape[0] / float(rate)
+        except Exception:  # noqa: BLE001
+            raise invalid_request("audio", "audio: the mp3 does not decode") from None
+    if seconds < MIN_SECONDS:
+        raise invalid_request("audio", f"audio: {seconds:.2f} s; at least {MIN_SECONDS:g} s of speech is needed")
+    if seconds > MAX_SECONDS:
+        raise invalid_request("audio", f"audio: {seconds:.2f} s; at most {MAX_SECONDS:g} s")
+    return seconds, int(info.samplerate), info.format
+
+
+class VoiceRegistry:
+    """Voices on disk under ``root`` (module doc); thread-safe."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._voices: dict[str, RegisteredVoice] = {}
+        self._data_urls: dict[str, str] = {}
+        for folder in sorted(self.root.iterdir()):
+            meta = folder / "voice.json"
+            if folder.is_dir() and meta.is_file():
+                try:
+                    voice = RegisteredVoice(**json.loads(meta.read_text(encoding="utf-8")))
+                except (TypeError, ValueError):
+                    continue
+                if (folder / voice.audio_file).is_file():
+                    self._voices[voice.name] = voice
+
+    def list(self) -> list[RegisteredVoice]:
+        with self._lock:
+            return [self._voices[n] for n in sorted(self._voices)]
+
+    def get(self, name: str) -> RegisteredVoice | None:
+        with self._lock:
+            return self._voices.get((name or "").strip().lower())
+
+    def add(self, name: str, audio: bytes, ref_text: str | None, consent: str | None) -> RegisteredVoice:
+        name = check_name(name)
+        if consent is None or consent.strip().lower() not in CONSENT_WORDS:
+            raise invalid_request("consent", "consent: required; confirm that the speaker agreed to have their "
+                                             "voice cloned (consent=true)")
+        if ref_text is not None and not ref_text.strip():
+            ref_text = None
+        if ref_text is not None and len(ref_text) > 4096:
+            raise invalid_request("ref_text", "ref_text: at most 4096 characters")
+        seconds, rate, fmt = probe_audio(audio)
+        ext = FORMATS[fmt][0]
+        voice = RegisteredVoice(name=name, ref_text=ref_text, consent=consent.strip(), created_at=int(time.time()),
+                                sha256=hashlib.sha256(audio).hexdigest(), bytes=len(audio),
+                                duration_s=round(seconds, 3), sample_rate=rate, format=ext, audio_file=f"audio.{ext}")
+        with self._lock:
+            if name in self._voices:
+                raise invalid_request("name", f"name: a voice named {name!r} exists; delete it first",
+                                      code="voice_exists")
+            tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.root))
+            (tmp / voice.audio_file).write_bytes(audio)
+            (tmp / "voice.json").write_text(json.dumps(asdict(voice), ensure_ascii=False, indent=1), encoding="utf-8")
+            os.rename(tmp, self.root / name)
+            self._voices[name] = voice
+        return voice
+
+    def remove(self, name: str) -> bool:
+        name = (name or "").strip().lower()
+        with self._lock:
+            voice = self._voices.pop(name, None)
+            self._data_urls.pop(name, None)
+            if voice is None:
+                return False
+            target = self.root / name
+            trash = Path(tempfile.mkdtemp(prefix=f".deleted-{name}-", dir=self.root))
+            os.rename(target, trash / name)
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
+
+    def data_url(self, voice: RegisteredVoice) -> str:
+        """The stored recording as a data URL (what Triton's `ref_audio` takes); cached."""
+        with self._lock:
+            url = self._data_urls.get(voice.name)
+            if url is None:
+                data = (self.root / voice.name / voice.audio_file).read_bytes()
+                mime = next(m for e, m in FORMATS.values() if e == voice.format)
+                url = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+                self._data_urls[voice.name] = url
+            return url

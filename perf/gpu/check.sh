@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# GPU check of the Qwen3-TTS pipeline (see perf/gpu/README.md). Run from anywhere:
+#   perf/gpu/check.sh              # NVIDIA GPU + torch: parity, memory, in-process (+ served) benchmark
+#   perf/gpu/check.sh --dry-run    # CPU, tiny shapes: checks the script logic
+# Extra arguments go to perf/gpu/check.py. Python: $PYTHON, else .venv/bin/python, else python3.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
+elif [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import torch' 2>/dev/null; then PY=.venv/bin/python
+else PY=python3; fi
+if [[ " $* " != *" --dry-run "* ]]; then
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+fi
+"$PY" -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())'
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the whole check is sized for < 8 minutes on an H200; the timeout is a guard
+exec timeout "${CHECK_TIMEOUT:-900}" "$PY" perf/gpu/check.py "$@"

@@ -1,0 +1,171 @@
+"""The voice registry of the speech API, through a real shim and tritonserver, on the tiny random
+Base pipeline (`qwen3_tts_tiny_random_base`) with hibari speech as the uploaded recordings:
+upload (multipart), list, use by name, reuse without re-encoding, survive a shim restart,
+delete; every bad upload is a 400 naming its field; four concurrent requests with four
+registered voices each equal their solo output.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+
+from client.speech_api.process import ShimProcess
+from tests.metrics_scrape import metric
+
+pytestmark = pytest.mark.system
+MODEL = "qwen3_tts_tiny_random_base"
+TEXTS = [
+    "Hello there, this is a short reference recording of my voice.",
+    "Good morning, everyone. I hope the trains run on time today.",
+    "The weather is lovely, so we will walk to the park after lunch.",
+    "Please leave a message after the tone, and I will call you back.",
+]
+GREEDY = {"max_new_tokens": 10, "seed": 0}
+
+
+def audio_bytes(audio: np.ndarray, rate: int = 24000, fmt: str = "WAV") -> bytes:
+    buffer = io.BytesIO()
+    sf.write(buffer, audio, rate, format=fmt)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def recordings():
+    from hibari import Hibari
+
+    voice = Hibari()
+    return [voice(text, seed=10 + i) for i, text in enumerate(TEXTS)]
+
+
+@pytest.fixture(scope="module")
+def voices_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("voices")
+
+
+def _start(triton, voices_dir, log) -> ShimProcess:
+    server = ShimProcess([triton.grpc_url], log_path=log, extra_args=["--voices-dir", str(voices_dir)])
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def voice_shim(triton, voices_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("voice_shim") / "shim.log"
+    box = {"server": _start(triton, voices_dir, log)}
+
+    def restart():
+        box["server"].stop()
+        box["server"] = _start(triton, voices_dir, log)
+        return box["server"]
+
+    box["restart"] = restart
+    try:
+        yield box
+    finally:
+        box["server"].stop()
+
+
+def upload(url, name, audio: bytes | None, ref_text="x", consent="true", filename="voice.wav"):
+    data = {k: v for k, v in (("name", name), ("ref_text", ref_text), ("consent", consent)) if v is not None}
+    files = {"audio": (filename, audio, "application/octet-stream")} if audio is not None else None
+    return httpx.post(f"{url}/v1/audio/voices", data=data, files=files, timeout=60)
+
+
+def speech(url, voice, text="Cloned by name.", **extra):
+    r = httpx.post(f"{url}/v1/audio/speech", json={"model": MODEL, "voice": voice, "input": text,
+                                                   "response_format": "pcm", **GREEDY, **extra}, timeout=120)
+    assert r.status_code == 200, r.text[:300]
+    return r.content
+
+
+def test_register_use_restart_delete(voice_shim, triton, recordings):
+    url = voice_shim["server"].url
+    r = upload(url, "Alice", audio_bytes(recordings[0]), ref_text=TEXTS[0])
+    assert r.status_code == 201, r.text
+    assert r.json()["id"] == "alice" and r.json()["ref_text"] == TEXTS[0]
+    r = upload(url, "bob-flac", audio_bytes(recordings[1][::2], 12000, "FLAC"), ref_text=None, filename="b.flac")
+    assert r.status_code == 201, r.text
+    listed = httpx.get(f"{url}/v1/audio/voices", params={"model": MODEL}).json()
+    assert {"alice", "bob-flac"} <= set(listed["voices"]) and listed["clones_voices"]
+    assert {v["id"] for v in listed["registered"]} >= {"alice", "bob-flac"}
+
+    label = {"model": f"{MODEL}__talker"}
+    before = metric(triton.metrics_url, "omni_voice_encodings_total", **label)
+    by_name = speech(url, "alice")
+    assert metric(triton.metrics_url, "omni_voice_encodings_total", **label) == before + 1
+    again = speech(url, {"id": "alice"})
+    inline = speech(url, "alloy", ref_audio="data:audio/wav;base64," + base64.b64encode(
+        audio_bytes(recordings[0])).decode(), ref_text=TEXTS[0])
+    assert by_name == again == inline and len(by_name) == 9 * 1920 * 2
+    assert metric(triton.metrics_url, "omni_voice_encodings_total", **label) == before + 1  # reused
+    xvec = speech(url, "bob-flac")  # no transcript: the x-vector alone
+    assert len(xvec) == 9 * 1920 * 2 and xvec != by_name
+
+    server = voice_shim["restart"]()
+    url = server.url
+    assert {"alice", "bob-flac"} <= {v["id"] for v in httpx.get(f"{url}/v1/audio/voices").json()["registered"]}
+    assert speech(url, "alice") == by_name
+    assert metric(triton.metrics_url, "omni_voice_encodings_total", **label) == before + 2  # bob, alice only
+
+    assert httpx.delete(f"{url}/v1/audio/voices/bob-flac").status_code == 200
+    assert httpx.get(f"{url}/v1/audio/voices/bob-flac").status_code == 404
+    assert httpx.delete(f"{url}/v1/audio/voices/bob-flac").status_code == 404
+    r = httpx.post(f"{url}/v1/audio/speech", json={"model": MODEL, "voice": "bob-flac", "input": "Hi.", **GREEDY})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "voice"
+    server = voice_shim["restart"]()
+    assert "bob-flac" not in {v["id"] for v in httpx.get(f"{server.url}/v1/audio/voices").json()["registered"]}
+
+
+def test_bad_uploads_are_named(voice_shim, recordings):
+    url = voice_shim["server"].url
+    good = audio_bytes(recordings[2])
+    noise = (np.random.default_rng(1).standard_normal(24000 * 31) * 0.1).astype(np.float32)
+    cases = [
+        (dict(name="x1", audio=b"this is not audio" * 100), "audio"),
+        (dict(name="x2", audio=audio_bytes(recordings[2][:12000])), "audio"),       # 0.5 s
+        (dict(name="x3", audio=audio_bytes(noise)), "audio"),                       # 31 s
+        (dict(name="x4", audio=b"\0" * (10 * 1024 * 1024 + 10)), "audio"),          # > 10 MiB
+        (dict(name="x5", audio=None), "audio"),
+        (dict(name="x6", audio=good, consent=None), "consent"),
+        (dict(name="x7", audio=good, consent="no"), "consent"),
+        (dict(name="bad name!", audio=good), "name"),
+        (dict(name="alloy", audio=good), "name"),
+    ]
+    for kwargs, field in cases:
+        r = upload(url, **kwargs)
+        assert r.status_code == 400, (field, r.status_code, r.text[:200])
+        assert r.json()["error"]["param"] == field, (field, r.json())
+    assert upload(url, "dup", good).status_code == 201
+    r = upload(url, "DUP", good)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "name"
+    r = httpx.post(f"{url}/v1/audio/voices", json={"name": "j"})
+    assert r.status_code == 400
+    # a clone request that names no registered voice and carries no audio
+    r = httpx.post(f"{url}/v1/audio/speech", json={"model": MODEL, "voice": "alloy", "input": "Hi.", **GREEDY})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ref_audio"
+
+
+def test_four_registered_voices_concurrently_equal_solo(voice_shim, recordings):
+    url = voice_shim["server"].url
+    names = [f"v{i}" for i in range(4)]
+    for i, name in enumerate(names):
+        assert upload(url, name, audio_bytes(recordings[i]), ref_text=TEXTS[i]).status_code == 201
+    texts = ["One voice speaks.", "A second voice speaks.", "The third voice talks.", "And a fourth one."]
+    solo = [speech(url, n, t) for n, t in zip(names, texts)]
+    assert len(set(solo)) == 4
+    barrier = threading.Barrier(4)
+
+    def run(i):
+        barrier.wait()
+        return speech(url, names[i], texts[i])
+
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(run, range(4)))
+    assert together == solo

@@ -1,0 +1,191 @@
+"""The fast decode paths.
+
+* :class:`DecodeStep` (the CPU engine's step) gives the same bits as the module path
+  (``Talker.decode``, ``CodePredictor.first/next``) at batch 1 and 3, on two shapes; its traced
+  greedy frame gives the same codes as its eager loop.
+* :class:`StaticFrameStep` (the CUDA-graph step), run eagerly on CPU through the engine: greedy
+  runs, stops at eos, sampling is reproducible per seed and independent of the batch, and padding
+  rows up to a bucket do not change the real rows.
+* :class:`GraphBuckets` bucket arithmetic and its eager (``enforce_eager``) mode, without CUDA.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_backend.engine import SamplingParams
+from omni_backend.engine.cuda_graphs import GraphBuckets, bucket_sizes
+from omni_backend.models.qwen3_tts.decode_step import DecodeStep
+from omni_backend.models.qwen3_tts.layers import BatchInvariantOps
+from omni_backend.models.qwen3_tts.runner import create_engine
+
+from tests.qwen3_fixtures import QWEN3_EOS_AFTER
+
+TEXTS = ["Hello world, this is a streaming test.", "你好，世界。", "Short.", "How are you?"]
+SPEAKERS = ["ryan", "eric", "vivian", "aiden"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _fill(cache, generator):
+    for t in cache.keys + cache.values:
+        t.normal_(generator=generator)
+
+
+@pytest.mark.parametrize("fixture", ["qwen3_tiny_cv", "qwen3_tiny2_cv"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_decode_step_equals_module_path(fixture, batch, qwen3_loaded, request):
+    checkpoint = qwen3_loaded(request.getfixturevalue(fixture))
+    talker = checkpoint.talker
+    cp = talker.code_predictor
+    ops = BatchInvariantOps()
+    g = torch.Generator().manual_seed(7)
+    hidden = talker.config.hidden_size
+    with torch.inference_mode():
+        rotary, cp_rotary = talker.new_rotary(torch.float32, "cpu"), cp.new_rotary(torch.float32, "cpu")
+        step = DecodeStep(talker, ops, cp_rotary, trace=False)
+        caches = [talker.new_cache(4, 64, torch.float32, "cpu") for _ in range(2)]
+        _fill(caches[0], g)
+        for a, b in zip(caches[0].keys + caches[0].values, caches[1].keys + caches[1].values):
+            b.copy_(a)
+        cp_caches = [cp.new_cache(4, torch.float32, "cpu") for _ in range(2)]
+        embeds = torch.randn(batch, 1, hidden, generator=g)
+        slots, positions = [3, 0, 2][:batch], [17, 40, 5][:batch]
+        want = talker.decode(embeds, caches[0], slots, positions, rotary, ops)
+        got = step.talker_decode(embeds, caches[1], slots, positions, rotary)
+        assert all(torch.equal(w, x) for w, x in zip(want, got))
+        assert all(torch.equal(a, b) for a, b in zip(caches[0].keys + caches[0].values,
+                                                    caches[1].keys + caches[1].values))
+
+        past, cb0 = torch.randn(batch, 1, hidden, generator=g), torch.randn(batch, 1, hidden, generator=g)
+        want = cp.first(past, cb0, cp_caches[0], cp_rotary, ops)
+        assert torch.equal(want, step.cp_first(past, cb0, cp_caches[1]))
+        codes = torch.argmax(want, dim=-1)
+        for s in range(1, cp.num_steps):
+            want = cp.next(s, codes, cp_caches[0], cp_rotary, ops)
+            assert torch.equal(want, step.cp_next(s, codes, cp_caches[1])), s
+            codes = torch.argmax(want, dim=-1)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_traced_greedy_frame_equals_eager(batch, qwen3_tiny2_cv, qwen3_loaded):
+    checkpoint = qwen3_loaded(qwen3_tiny2_cv)
+    talker = checkpoint.talker
+    cp = talker.code_predictor
+    g = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        cp_rotary = cp.new_rotary(torch.float32, "cpu")
+        step = DecodeStep(talker, BatchInvariantOps(), cp_rotary, trace=True)
+        cache = cp.new_cache(2, torch.float32, "cpu")
+        for _ in range(6):  # first call eager + recording, then 3 checked replays, then plain replays
+            past = torch.randn(batch, 1, talker.config.hidden_size, generator=g)
+            cb0 = torch.randn(batch, 1, talker.config.hidden_size, generator=g)
+            got = step.greedy_codes(past, cb0, cache)
+            assert torch.equal(got, step._greedy_codes(past, cb0, cache))
+        if batch == 1:
+            assert step._traced[(batch, torch.get_num_threads(), id(cache))] is not None
+        else:  # batches stay eager (see DecodeStep)
+            assert not step._traced
+
+
+def _requests(checkpoint, params, n=4):
+    builder = checkpoint.prompt_builder()
+    return [(f"r{i}", builder.build(TEXTS[i], speaker=SPEAKERS[i]), params(i)) for i in range(n)]
+
+
+def test_static_step_greedy_on_cpu(qwen3_tiny_cv, qwen3_loaded):
+    """Not the reference-exact path (masked attention over the whole slot), but on the tiny
+    model its greedy codes agree with it; the frame counts follow max_new_tokens."""
+    checkpoint = qwen3_loaded(qwen3_tiny_cv)
+    greedy = lambda i: SamplingParams.greedy(max_new_tokens=8 + i)  # noqa: E731
+    exact = create_engine(checkpoint, max_num_seqs=4, max_model_len=128).generate(_requests(checkpoint, greedy))
+    static = create_engine(checkpoint, max_num_seqs=4, max_model_len=128, static_step=True,
+                           cuda_graph_sizes=[1, 2, 4])
+    assert static.runner.graphs is not None and not static.runner.graphs.enabled  # CPU: never graphs
+    got = static.generate(_requests(checkpoint, greedy))
+    assert {k: len(v) for k, v in got.items()} == {f"r{i}": 7 + i for i in range(4)}
+    assert got == exact
+
+
+def test_static_step_stops_at_eos(qwen3_tiny_eos, qwen3_loaded):
+    checkpoint = qwen3_loaded(qwen3_tiny_eos)
+    engine = create_engine(checkpoint, max_num_seqs=2, max_model_len=128, static_step=True)
+    frames = engine.generate(_requests(checkpoint, lambda i: SamplingParams.greedy(max_new_tokens=50), n=2))
+    assert [len(v) for v in frames.values()] == [QWEN3_EOS_AFTER, QWEN3_EOS_AFTER]
+
+
+def test_static_step_sampling_per_request(qwen3_tiny_cv, qwen3_loaded):
+    checkpoint = qwen3_loaded(qwen3_tiny_cv)
+    sampled = lambda i: SamplingParams(max_new_tokens=12, seed=100 + i, top_k=20, top_p=0.9)  # noqa: E731
+
+    def run(n):
+        engine = create_engine(checkpoint, max_num_seqs=4, max_model_len=128, static_step=True,
+                               cuda_graph_sizes=[1, 2, 4])
+        return engine.generate(_requests(checkpoint, sampled, n=n))
+
+    batched = run(3)   # 3 rows run in the bucket of 4 (one padding row)
+    assert batched == run(3)
+    solo = run(1)
+    assert solo["r0"] == batched["r0"]
+    assert batched["r0"] != batched["r1"]
+    assert all(0 <= c < 2048 for frames in batched.values() for frame in frames for c in frame[1:])
+
+
+def test_graph_buckets_without_cuda():
+    assert bucket_sizes([1, 2, 4, 8, 16, 32], 12) == [1, 2, 4, 8, 12]
+    assert bucket_sizes([], 3) == [3]
+    assert bucket_sizes([1, 2, 4, 8, 16], 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert bucket_sizes([1, 4], 20) == [1, 4, 8, 16, 20]
+    calls = []
+    buckets = GraphBuckets(lambda size, flag: calls.append((size, flag)), [1, 4, 8], 8, variants=((False,), (True,)),
+                           enabled=False)
+    buckets.capture()  # disabled: nothing captured, no CUDA touched
+    assert buckets.graphs == {} and calls == []
+    assert buckets.run(3, True) == 4 and buckets.run(1, False) == 1 and buckets.run(8, False) == 8
+    assert calls == [(4, True), (1, False), (8, False)]
+    with pytest.raises(ValueError):
+        buckets.run(9, False)
+
+
+def test_code2wav_graphs_fall_back_to_eager_on_cpu(qwen3_tiny_cv):
+    from omni_backend.models.qwen3_tts.code2wav import Code2Wav, Code2WavGraphs
+
+    decoder = Code2Wav.from_checkpoint(qwen3_tiny_cv / "speech_tokenizer")
+    graphs = Code2WavGraphs(decoder, windows=((2, 0), (6, 4)), batch_sizes=(1, 4))
+    assert not graphs.enabled
+    graphs.capture()  # CPU: nothing captured, no CUDA touched
+    assert graphs.graphs == {}
+    codes = torch.randint(0, 2048, (3, 16, 6), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(graphs.decode_window(codes, 4), decoder.decode_window(codes, 4))
+
+
+@pytest.mark.parametrize("warp", [dict(top_k=1), dict(top_k=0, top_p=1e-6), dict(top_k=1, temperature=0.5)])
+def test_static_step_sampling_that_keeps_one_token_is_greedy(warp, qwen3_tiny_cv, qwen3_loaded):
+    """The in-step sampler's warps: top-k 1, or a top-p below the largest probability, leave only the argmax."""
+    checkpoint = qwen3_loaded(qwen3_tiny_cv)
+    sub = {f"subtalker_{k}": v for k, v in warp.items()}
+    sampled = lambda i: SamplingParams(max_new_tokens=8, seed=i, repetition_penalty=1.05, **warp, **sub)  # noqa: E731
+    greedy = lambda i: SamplingParams.greedy(max_new_tokens=8, repetition_penalty=1.05)  # noqa: E731
+    engine = create_engine(checkpoint, max_num_seqs=2, max_model_len=64, static_step=True)
+    want = engine.generate(_requests(checkpoint, greedy, n=2))
+    assert engine.generate(_requests(checkpoint, sampled, n=2)) == want
+
+
+def test_cpu_engines_never_touch_cuda(qwen3_tiny_cv, qwen3_loaded, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("CUDA touched on a CPU engine")
+
+    for name in ("CUDAGraph", "graph", "graph_pool_handle", "Stream", "synchronize", "current_stream"):
+        monkeypatch.setattr(torch.cuda, name, forbidden)
+    checkpoint = qwen3_loaded(qwen3_tiny_cv)
+    greedy = lambda i: SamplingParams.greedy(max_new_tokens=4)  # noqa: E731
+    for static in (None, True):
+        engine = create_engine(checkpoint, max_num_seqs=2, max_model_len=64, static_step=static,
+                               cuda_graph_sizes=[1, 2])
+        assert len(engine.generate(_requests(checkpoint, greedy, n=2))) == 2
