@@ -211,3 +211,15 @@ def qwen3_params_from_case(case: dict, **overrides):
     if case.get("greedy", True):
         return SamplingParams.greedy(**values)
     return SamplingParams(**values)
+
+
+@pytest.fixture(scope="module")
+def qwen3_threads():
+    """CPU float results depend on torch's intra-op thread count: the Qwen3 tests pin it to
+    QWEN3_THREADS for a module and restore it after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(QWEN3_THREADS)
+    yield
+    torch.set_num_threads(before)

@@ -5,18 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
 from omni_backend.engine import AsyncEngine, EngineClosedError, SamplingParams
 from omni_backend.models.qwen3_tts.runner import create_engine
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("qwen3_threads")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ which exercises the per-row fallback)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from omni_backend.engine import SamplingParams
 from omni_backend.models.qwen3_tts.runner import create_engine
@@ -18,12 +17,7 @@ SPEAKERS = ["ryan", "eric", "vivian", "aiden", "sohee", "serena", "dylan", "uncl
 LANGUAGES = ["english", "chinese", "auto"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("qwen3_threads")
 
 
 def _requests(checkpoint):

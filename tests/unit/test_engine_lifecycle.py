@@ -4,7 +4,6 @@ request ids are unique, bad parameters are refused when added."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from omni_backend.engine import DuplicateRequestError, SamplingParams, SamplingParamsError
 from omni_backend.models.qwen3_tts.prompt import PromptError
@@ -12,12 +11,7 @@ from omni_backend.models.qwen3_tts.runner import create_engine
 from tests.qwen3_fixtures import QWEN3_EOS_AFTER
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("qwen3_threads")
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,7 @@ from omni_backend.engine.sampling import TokenRules, apply_repetition_penalty, s
 from omni_backend.models.qwen3_tts.runner import create_engine
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("qwen3_threads")
 
 
 def test_seeded_sampling_is_reproducible(qwen3_loaded, qwen3_tiny_cv):

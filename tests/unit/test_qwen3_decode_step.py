@@ -25,12 +25,7 @@ TEXTS = ["Hello world, this is a streaming test.", "你好，世界。", "Short.
 SPEAKERS = ["ryan", "eric", "vivian", "aiden"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("qwen3_threads")
 
 
 def _fill(cache, generator):

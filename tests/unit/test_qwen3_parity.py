@@ -12,23 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from omni_backend.models.qwen3_tts.runner import create_engine
 from tests.qwen3_fixtures import (QWEN3_EOS_AFTER, QWEN3_THREADS, qwen3_params_from_case, qwen3_parity_prompts,
                                   qwen3_prompt_from_case)
 
-pytestmark = pytest.mark.oracle
+pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("qwen3_threads")]
 
 CHECKPOINTS = list(qwen3_parity_prompts())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(QWEN3_THREADS)
-    yield
-    torch.set_num_threads(before)
 
 
 def _engine_codes(checkpoint, cases) -> dict[str, np.ndarray]:

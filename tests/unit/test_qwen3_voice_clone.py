@@ -51,15 +51,9 @@ CASES = [
      "language": "Chinese", "max_new_tokens": 10},
 ]
 
-pytestmark = pytest.mark.oracle
+pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("qwen3_threads")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(QWEN3_THREADS)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
