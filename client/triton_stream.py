@@ -9,14 +9,15 @@ from typing import Any, AsyncIterator, Iterator
 
 import numpy as np
 
+from omni_backend.errors import error_code
+
 
 class TritonStreamError(RuntimeError):
     """An error response from the server; `.code` is invalid_request / unavailable / internal."""
 
     def __init__(self, message: str):
         super().__init__(message)
-        head = message.split(":", 1)[0].strip()
-        self.code = head if head in ("invalid_request", "unavailable", "internal") else "internal"
+        self.code = error_code(message)
 
 
 @dataclass
@@ -55,6 +56,17 @@ def _message(error: Any) -> str:
     return msg() if callable(msg) else msg
 
 
+def _parse(result: Any, error: Any) -> tuple[tuple[np.ndarray, int] | None, bool]:
+    """One streamed response -> ((audio, sample rate) or None, is it the final one)."""
+    if error is not None:
+        raise TritonStreamError(_message(error))
+    audio = result.as_numpy("AUDIO")
+    chunk = None
+    if audio is not None and audio.size:
+        chunk = audio.reshape(-1), int(result.as_numpy("SAMPLE_RATE")[0])
+    return chunk, result.get_response().parameters["triton_final_response"].bool_param
+
+
 def stream(url: str, model: str, text: str, params: dict[str, Any] | None = None,
            timeout_s: float = 300.0) -> Iterator[tuple[np.ndarray, int]]:
     """Yield (audio chunk, sample rate) as they arrive; raises TritonStreamError."""
@@ -67,13 +79,10 @@ def stream(url: str, model: str, text: str, params: dict[str, Any] | None = None
         client.async_stream_infer(model, _inputs(grpcclient, text, params),
                                   enable_empty_final_response=True)
         while True:
-            result, error = responses.get(timeout=timeout_s)
-            if error is not None:
-                raise TritonStreamError(_message(error))
-            audio = result.as_numpy("AUDIO")
-            if audio is not None and audio.size:
-                yield audio.reshape(-1), int(result.as_numpy("SAMPLE_RATE")[0])
-            if result.get_response().parameters["triton_final_response"].bool_param:
+            chunk, final = _parse(*responses.get(timeout=timeout_s))
+            if chunk is not None:
+                yield chunk
+            if final:
                 return
     finally:
         client.stop_stream(cancel_requests=True)
@@ -109,12 +118,10 @@ async def astream(client: Any, model: str, text: str, params: dict[str, Any] | N
     responses = client.stream_infer(inputs_iterator=requests())
     try:
         async for result, error in responses:
-            if error is not None:
-                raise TritonStreamError(_message(error))
-            audio = result.as_numpy("AUDIO")
-            if audio is not None and audio.size:
-                yield audio.reshape(-1), int(result.as_numpy("SAMPLE_RATE")[0])
-            if result.get_response().parameters["triton_final_response"].bool_param:
+            chunk, final = _parse(result, error)
+            if chunk is not None:
+                yield chunk
+            if final:
                 return
     finally:
         responses.cancel()

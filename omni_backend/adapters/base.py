@@ -137,10 +137,6 @@ def adapter_class(model_type: str) -> type[TTSAdapter]:
 
 
 def _load_builtin() -> None:
-    from omni_backend.adapters import hibari  # noqa: F401
-    try:
-        from omni_backend.adapters import qwen3_tts  # noqa: F401
-    except ImportError:  # pragma: no cover - the module is optional until its issue lands
-        pass
+    from omni_backend.adapters import hibari, qwen3_tts  # noqa: F401
 
 

@@ -15,7 +15,7 @@ from typing import AsyncIterator
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.errors import PipelineError
+from omni_backend.errors import PipelineError, error_code
 from omni_backend.triton.decoupled import bytes_tensor
 
 
@@ -24,8 +24,7 @@ class StageFailed(PipelineError):
 
     def __init__(self, message: str):
         Exception.__init__(self, message)
-        head = message.split(":", 1)[0]
-        self.code = head if head in ("invalid_request", "unavailable") else "internal"
+        self.code = error_code(message)
 
 
 def _start(model_name: str, inputs: list, outputs: list[str], request_id: str):

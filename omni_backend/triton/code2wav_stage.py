@@ -8,6 +8,7 @@ different streams arrive here batched by Triton's dynamic batcher. Always Float3
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import torch
@@ -35,8 +36,6 @@ class Code2WavStage:
     @staticmethod
     def load_decoder(model_type: str, model: str, device: str):
         if model_type == "qwen3_tts":
-            import os
-
             from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
             from omni_backend.models.qwen3_tts.code2wav import Code2Wav
 

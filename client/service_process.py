@@ -1,0 +1,93 @@
+"""A server started as a child process for `make serve`, tests and benchmarks: its own process
+group (so helper processes die with it), output to a log file, ready when its probe says so, and
+stopped for sure."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServiceProcess:
+    """Subclasses give `command()`, `environment()` and `ready()`."""
+
+    name = "service"
+    poll_s = 0.25
+
+    def __init__(self, log_path: str | Path | None = None, cwd: str | Path | None = None):
+        self.log_path = Path(log_path) if log_path else None
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def start(self, timeout_s: float = 60.0):
+        out = subprocess.DEVNULL
+        if self.log_path:
+            self._log = open(self.log_path, "ab")
+            out = self._log
+        self.proc = subprocess.Popen(self.command(), cwd=self.cwd, env=self.environment(), stdout=out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; {self.log_tail()}")
+            if self.ready():
+                return
+            time.sleep(self.poll_s)
+        self.stop()
+        raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f} s; {self.log_tail()}")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_text()
+        return "log tail:\n" + "\n".join(text.splitlines()[-lines:]) if text else "no log"
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL whatever is left of the process group."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.proc = None
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
