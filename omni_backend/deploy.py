@@ -49,12 +49,20 @@ class StageDeploy:
     threads: int = 1               # torch / onnxruntime intra-op threads per instance
     max_num_seqs: int = 8
     max_model_len: int = 4096
+    max_prefills_per_step: int = 8  # requests admitted per engine step (a burst's first audio vs running streams' pace)
     enforce_eager: bool = False
+    # batched rows bit-identical to solo rows (exact per-row matmuls): default on CPU, off on GPU
+    batch_invariant: bool | None = None
     cuda_graph_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     max_batch_size: int = 8        # Triton dynamic batching for stateless stages
     max_queue_delay_us: int = 2000
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     subtalker_sampling_params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exact_batches(self) -> bool:
+        """Whether batched rows must equal solo rows bit for bit (``batch_invariant``, default: on CPU)."""
+        return self.device == "cpu" if self.batch_invariant is None else self.batch_invariant
 
 
 @dataclass
@@ -142,7 +150,7 @@ def _stage(src: str, prefix: str, raw: Any) -> StageDeploy:
         key = prefix + k
         if k in ("stage_id", "max_queue_delay_us"):
             setattr(s, k, _int(src, key, v, 0))
-        elif k in ("instances", "threads", "max_num_seqs", "max_model_len", "max_batch_size"):
+        elif k in ("instances", "threads", "max_num_seqs", "max_model_len", "max_batch_size", "max_prefills_per_step"):
             setattr(s, k, _int(src, key, v, 1))
         elif k == "engine":
             s.engine = _choice(src, key, v, ENGINES)
@@ -150,14 +158,15 @@ def _stage(src: str, prefix: str, raw: Any) -> StageDeploy:
             s.dtype = _choice(src, key, v, DTYPES)
         elif k == "device":
             s.device = _device(src, key, v)
-        elif k == "enforce_eager":
-            s.enforce_eager = _bool(src, key, v)
+        elif k in ("enforce_eager", "batch_invariant"):
+            setattr(s, k, _bool(src, key, v))
         elif k == "cuda_graph_sizes":
             if not isinstance(v, list) or not v:
                 raise _fail(src, key, f"must be a non-empty list of integers, got {v!r}")
             s.cuda_graph_sizes = sorted({_int(src, f"{key}[{i}]", x, 1) for i, x in enumerate(v)})
         else:
             setattr(s, k, _sampling(src, key, v))
+    s.batch_invariant = s.exact_batches   # resolved, so the built repository states it
     if s.engine == "vllm" and s.device == "cpu":
         raise _fail(src, prefix + "engine", "vllm runs on GPU only; use engine: torch on cpu")
     return s

@@ -65,6 +65,18 @@ def rss_mib(pid: int) -> float:
     return total / 1024
 
 
+def server_version(url: str) -> str:
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient.InferenceServerClient(url).get_server_metadata().version
+
+
+def versions(triton: str) -> str:
+    import torch
+
+    return f"Python {platform.python_version()}, torch {torch.__version__}, Triton server {triton}"
+
+
 def run_level(url: str, model: str, concurrency: int, requests: int, params: dict) -> dict:
     """`concurrency` clients, each streaming `requests` requests back to back."""
     results, errors = [], []
@@ -111,10 +123,12 @@ def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params:
     deploy = load_deploy(deploy_path)
     s0, s1 = deploy.stage(0), deploy.stage(1)
     torch.set_num_threads(s0.threads)
-    engine = create_engine(model_dir, max_num_seqs=max(concurrency, s0.max_num_seqs),
+    engine = create_engine(model_dir, max_num_seqs=s0.max_num_seqs,
                            max_model_len=s0.max_model_len, dtype=s0.dtype, device=s0.device,
-                           cuda_graph_sizes=s0.cuda_graph_sizes, enforce_eager=s0.enforce_eager)
+                           cuda_graph_sizes=s0.cuda_graph_sizes, enforce_eager=s0.enforce_eager,
+                           batch_invariant=s0.exact_batches, max_prefills_per_step=s0.max_prefills_per_step)
     decoder = Code2Wav.from_checkpoint(os.path.join(model_dir, "speech_tokenizer"), device=s1.device)
+    decoder.batch_invariant = s1.exact_batches
     builder = engine.runner.checkpoint.prompt_builder()
     sp = dataclasses.replace(engine.default_params, **{k: v for k, v in params.items() if k != "voice"})
     a = deploy.async_chunk
@@ -122,26 +136,27 @@ def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params:
     speaker = params.get("voice") or (builder.speakers[0] if builder.speakers else None)
     prompts = [builder.build(TEXTS[k % len(TEXTS)], speaker=speaker) for k in range(concurrency)]
     engine.generate([("warm", prompts[0], dataclasses.replace(sp, max_new_tokens=3))])
-    # Time to first audio: prefill + initial chunk frames + first window decode, alone.
+    # Time to first audio per request: arrival (all together) to its first window decoded, which
+    # happens inline, as soon as the request has its initial chunk, like the served path.
     started = time.perf_counter()
     frames: dict[str, list] = {}
-    first = None
+    ttfa: list[float] = []
     for k, p in enumerate(prompts):
         engine.add_request(f"r{k}", p, sp)
+    first = schedule.next_window(0, a.initial_chunk_frames, False)
     while engine.has_unfinished():
         for ev in engine.step():
             if ev.codes is not None:
                 frames.setdefault(ev.request_id, []).append(ev.codes)
-                if first is None and len(frames[ev.request_id]) == a.initial_chunk_frames:
-                    w = schedule.next_window(0, a.initial_chunk_frames, False)
-                    decoder.decode_window(torch.tensor(frames[ev.request_id]).T[None], w.left_context_frames)
-                    first = time.perf_counter() - started
+                if len(frames[ev.request_id]) == a.initial_chunk_frames:
+                    decoder.decode_window(torch.tensor(frames[ev.request_id]).T[None], first.left_context_frames)
+                    ttfa.append(time.perf_counter() - started)
     torch.set_num_threads(s1.threads)
     for codes in frames.values():
         list(decoder.decode_stream(torch.tensor(codes).T[None], schedule))
     wall = time.perf_counter() - started
     audio = sum(len(c) for c in frames.values()) * decoder.hop_length / decoder.sample_rate
-    return {"concurrency": concurrency, "ttfa_ms": (first or float("nan")) * 1000,
+    return {"concurrency": concurrency, "ttfa_ms": percentile(ttfa, 50) * 1000,
             "audio_s_per_s": audio / wall, "rtf": wall / (audio / concurrency)}
 
 
@@ -222,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         synthesize(server.grpc_url, args.pipeline, "Warm up.", params)
+        triton_version = server_version(server.grpc_url)
         for c in levels:
             print(f"[bench] served c={c}", flush=True)
             rows.append(run_level(server.grpc_url, args.pipeline, c, args.requests, params))
@@ -240,13 +256,13 @@ def main(argv: list[str] | None = None) -> int:
                 ref[c] = reference_audio_s_per_s(model, c, args.frames)
 
     head = (f"## {args.pipeline} ({shape}), {datetime.date.today()}\n\n"
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
-            f"deploy `{Path(deploy_path).name}`. Server start-up {startup:.1f} s, resident memory "
+            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; {versions(triton_version)}; "
+            f"checkpoint: {shape}; deploy `{Path(deploy_path).name}`. Server start-up {startup:.1f} s, resident memory "
             f"{rss:.0f} MiB (server + stubs, after the run). Command: `python perf/bench.py "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     cols = ["c", "requests", "errors", "TTFA p50 ms", "TTFA p95 ms", "RTF p50", "audio s/s"]
     if inproc:
-        cols += ["in-proc TTFA ms", "in-proc audio s/s", "served/in-proc RTF"]
+        cols += ["in-proc TTFA p50 ms", "in-proc audio s/s", "served/in-proc RTF"]
     if ref:
         cols += ["reference audio s/s", "served/reference audio s/s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

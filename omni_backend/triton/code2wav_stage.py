@@ -29,9 +29,9 @@ class Code2WavStage:
         torch.set_num_threads(sd.threads)
         self.decoder = self.load_decoder(pipeline.model_type, params.get("model") or pipeline.default_model,
                                          sd.device)
-        # On CPU, decode each window alone so a stream's audio never depends on what it was
-        # batched with (bit-identical to serving it solo); GPUs batch for throughput.
-        self.decoder.batch_invariant = sd.device == "cpu"
+        # By default on CPU, decode each window alone so a stream's audio never depends on what it
+        # was batched with (bit-identical to serving it solo); GPUs batch for throughput.
+        self.decoder.batch_invariant = sd.exact_batches
 
     @staticmethod
     def load_decoder(model_type: str, model: str, device: str):

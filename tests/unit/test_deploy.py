@@ -21,6 +21,15 @@ def test_defaults_fill_missing_keys():
     assert cfg.stage(3).stage_id == 3  # stages not listed get defaults
 
 
+def test_batch_invariant_defaults_to_the_device():
+    cfg = parse_deploy({"pipeline": "p", "stages": [{"stage_id": 0}, {"stage_id": 1, "device": "cuda"},
+                                                    {"stage_id": 2, "batch_invariant": False},
+                                                    {"stage_id": 3, "device": "cuda:1", "batch_invariant": True}]})
+    assert [cfg.stage(i).batch_invariant for i in range(4)] == [True, False, False, True]
+    assert cfg.stage(9).exact_batches   # an unlisted stage: CPU default
+    assert parse_deploy(cfg.to_dict()).to_dict() == cfg.to_dict()   # what the builder writes reads back
+
+
 @pytest.mark.parametrize("raw,key", [
     ({}, "pipeline"),
     ({"pipeline": "p", "colour": 1}, "colour"),
@@ -41,6 +50,8 @@ def test_defaults_fill_missing_keys():
     ({"pipeline": "p", "stages": [{"cuda_graph_sizes": []}]}, "stages[0].cuda_graph_sizes"),
     ({"pipeline": "p", "stages": [{"cuda_graph_sizes": [1, 0]}]}, "stages[0].cuda_graph_sizes[1]"),
     ({"pipeline": "p", "stages": [{"enforce_eager": 1}]}, "stages[0].enforce_eager"),
+    ({"pipeline": "p", "stages": [{"batch_invariant": "no"}]}, "stages[0].batch_invariant"),
+    ({"pipeline": "p", "stages": [{"max_prefills_per_step": 0}]}, "stages[0].max_prefills_per_step"),
     ({"pipeline": "p", "stages": [{"default_sampling_params": {"temp": 1}}]},
      "stages[0].default_sampling_params.temp"),
     ({"pipeline": "p", "stages": [{"default_sampling_params": {"top_p": -1}}]},

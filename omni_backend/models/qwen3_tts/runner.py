@@ -244,7 +244,7 @@ class Qwen3TTSRunner(ModelRunner):
             st: _RequestState = seq.state
             b, p = seq.slot, seq.params
             if self._row_owner[b] is not seq:
-                static.set_row(b, st.pending, st.past_hidden, st.generated, p)
+                static.set_row(b, st.pending, st.past_hidden, st.generated, p, seq.seed)
                 self._row_owner[b] = seq
             t = st.frame
             pos = st.prefill_length + t
@@ -252,9 +252,7 @@ class Qwen3TTSRunner(ModelRunner):
             generated[b] = len(st.generated)
             texts.append(st.trailing_text[t:t + 1] if t < st.trailing_text.shape[0] else st.tts_pad)
             text_rows.append(b)
-            if p.do_sample or p.subtalker_do_sample:
-                sample = True
-                static.fill_noise(b, seq.generator, p.do_sample, p.subtalker_do_sample)
+            sample = sample or bool(p.do_sample or p.subtalker_do_sample)
         device = static.device
         static.position[:size].copy_(torch.tensor(position, dtype=torch.long))
         static.generated[:size].copy_(torch.tensor(generated, dtype=torch.long))

@@ -10,8 +10,9 @@ the host, so it can be captured once per batch-size bucket and replayed:
 1. codebook-0 embedding of each row's pending token (``pending`` buffer);
 2. the code predictor's 2-token prefill and 14 steps, each followed by token selection inside
    the step (greedy argmax, or temperature / top-k / top-p sampling by the exponential race
-   ``argmax(p / E)`` whose ``E = -log U`` noise the host fills from the request's own seeded
-   generator, so sampling stays reproducible per request);
+   ``argmax(p / E)`` whose ``E = -log U`` noise is drawn inside the step by
+   :func:`~omni_backend.engine.counter_rng.uniform` from the request's seed and frame counter,
+   so sampling stays reproducible per request, whatever it is batched with, with no host work);
 3. the next talker input (sum of the 16 codebook embeddings + the row's trailing-text
    embedding) and one talker decode position per row, attending over its whole slot with a
    length mask (static shapes; grouped-query heads are folded into the query length, so the
@@ -33,11 +34,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from omni_backend.engine.counter_rng import uniform
+
 from .decode_step import LayerWeights, _rms_cast, _rms_fp32, signed_sin
 
 __all__ = ["StaticFrameStep"]
-
-_NOISE_FLOOR = 1e-20  # keeps -log(U) finite
 
 
 class StaticFrameStep:
@@ -103,17 +104,20 @@ class StaticFrameStep:
         self.top_p = torch.ones(2, rows, **f32)
         self.penalty = torch.ones(rows, **f32)
         self.min_new = torch.zeros(rows, **long)
-        # exponential noise for sampled rows: code predictor steps then talker
-        self.cp_noise = torch.ones(rows, self.num_steps, self.cp_vocab, **f32)
-        self.talker_noise = torch.ones(rows, self.vocab, **f32)
+        # sampling noise: a request's seed; the draw counter is ``generated`` (one more per frame)
+        self.seed = torch.zeros(rows, **long)
+        self.cp_noise_index = torch.arange(self.num_steps * self.cp_vocab, **long)
+        self.talker_noise_index = torch.arange(self.vocab, **long) + self.num_steps * self.cp_vocab
         # outputs
         self.codes = torch.zeros(rows, 1 + self.num_steps + 1, **long)    # frame (16) + next codebook 0
 
     # ------------------------------------------------------------------ host side
-    def set_row(self, row: int, pending: int, hidden: torch.Tensor, generated: list[int], params) -> None:
+    def set_row(self, row: int, pending: int, hidden: torch.Tensor, generated: list[int], params,
+                seed: int = 0) -> None:
         """A request entered ``row`` (its slot): its first pending token, prefill hidden state,
-        processors' history and sampling parameters."""
+        processors' history, sampling parameters and seed."""
         self.pending[row] = pending
+        self.seed[row] = int(seed)
         self.hidden[row].copy_(hidden.reshape(1, -1))
         self.seen[row].zero_()
         if generated:
@@ -129,16 +133,6 @@ class StaticFrameStep:
         self.penalty[row] = float(params.repetition_penalty)
         self.min_new[row] = int(params.min_new_tokens)
 
-    def fill_noise(self, row: int, generator: Optional[torch.Generator], talker: bool, code_predictor: bool) -> None:
-        """Exponential noise ``-log U`` for a sampled row, drawn from the request's generator (on
-        the CPU, like the eager sampler's draws)."""
-        if code_predictor:
-            u = torch.rand(self.num_steps, self.cp_vocab, generator=generator)
-            self.cp_noise[row].copy_(-torch.log(u.clamp_min_(_NOISE_FLOOR)))
-        if talker:
-            u = torch.rand(self.vocab, generator=generator)
-            self.talker_noise[row].copy_(-torch.log(u.clamp_min_(_NOISE_FLOOR)))
-
     # ------------------------------------------------------------------ the captured step
     def run(self, batch: int, sample: bool = True) -> None:
         """One frame for rows ``0..batch-1``: fills ``codes[:batch]`` with the 16 codebooks of the
@@ -146,12 +140,17 @@ class StaticFrameStep:
         ``seen`` / the caches. ``sample=False`` leaves the sampling math out (every row greedy)."""
         pending = self.pending[:batch]
         cb0_embed = F.embedding(pending.view(-1, 1), self.codec_embedding)          # [B, 1, H]
-        codes = self._code_predictor(batch, self.hidden[:batch], cb0_embed, sample)  # [B, 15]
+        cp_noise = talker_noise = None
+        if sample:   # exponential noise E = -log U, a function of (seed, frame counter) per row
+            seed, counter = self.seed[:batch], self.generated[:batch]
+            cp_noise = -torch.log(uniform(seed, counter, self.cp_noise_index)).view(batch, self.num_steps, -1)
+            talker_noise = -torch.log(uniform(seed, counter, self.talker_noise_index))
+        codes = self._code_predictor(batch, self.hidden[:batch], cb0_embed, cp_noise)  # [B, 15]
         parts = [cb0_embed] + [F.embedding(codes[:, i:i + 1], w) for i, w in enumerate(self.cp_embeddings)]
         embeds = torch.cat(parts, dim=1).sum(1, keepdim=True) + self.text[:batch]
         logits, hidden = self._talker(batch, embeds)
         scores = self._processors(batch, logits)
-        token = self._select(scores, 0, batch, self.talker_noise[:batch], sample)
+        token = self._select(scores, 0, batch, talker_noise)
         out = self.codes[:batch]
         out[:, 0].copy_(pending)
         out[:, 1:1 + self.num_steps].copy_(codes)
@@ -199,15 +198,15 @@ class StaticFrameStep:
         return self.rms(hidden, *self.cp_norm)
 
     def _code_predictor(self, batch: int, talker_hidden: torch.Tensor, cb0_embed: torch.Tensor,
-                        sample: bool) -> torch.Tensor:
+                        noise: Optional[torch.Tensor]) -> torch.Tensor:
         hidden = self._cp_run(torch.cat((talker_hidden, cb0_embed), dim=1), 0)
         logits = F.linear(hidden, self.lm_heads[0])[:, -1, :].float()
-        codes = [self._select(logits, 1, batch, self.cp_noise[:batch, 0], sample)]
+        codes = [self._select(logits, 1, batch, None if noise is None else noise[:, 0])]
         for step in range(1, self.num_steps):
             embeds = F.embedding(codes[-1].view(-1, 1), self.cp_embeddings[step - 1])
             hidden = self._cp_run(embeds, step + 1)
             logits = F.linear(hidden, self.lm_heads[step])[:, -1, :].float()
-            codes.append(self._select(logits, 1, batch, self.cp_noise[:batch, step], sample))
+            codes.append(self._select(logits, 1, batch, None if noise is None else noise[:, step]))
         return torch.stack(codes, dim=1)
 
     def _talker(self, batch: int, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,12 +243,12 @@ class StaticFrameStep:
         scores = scores.masked_fill(self.eos_mask & too_early, -math.inf)
         return scores.masked_fill(self.suppress_mask, -math.inf)
 
-    def _select(self, scores: torch.Tensor, which: int, batch: int, noise: torch.Tensor,
-                sample: bool) -> torch.Tensor:
+    def _select(self, scores: torch.Tensor, which: int, batch: int, noise: Optional[torch.Tensor]) -> torch.Tensor:
         """Greedy or sampled id per row (``which``: 0 talker, 1 code predictor); sampling follows
-        ``sampling.warp`` (temperature, top-k, top-p) then draws by ``argmax(p / E)``."""
+        ``sampling.warp`` (temperature, top-k, top-p) then draws by ``argmax(p / E)`` with the
+        exponential ``noise`` (None: every row greedy)."""
         greedy = torch.argmax(scores, dim=-1)
-        if not sample:
+        if noise is None:
             return greedy
         vocab = scores.shape[-1]
         s = scores / self.temperature[which, :batch].view(-1, 1)

@@ -1,0 +1,34 @@
+"""perf/bench.py end to end on the tiny random pipeline: its own tritonserver, the in-process
+run and the table it appends (the slow, real-shape runs live in perf/RESULTS.md)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.system
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_prints_and_appends_the_table(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# earlier results\n")
+    done = subprocess.run([sys.executable, "perf/bench.py", "--pipeline", "qwen3_tts_tiny_random",
+                           "--concurrency", "1,2", "--requests", "1", "--frames", "6", "--results", str(results)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    text = results.read_text()
+    assert text.startswith("# earlier results\n")   # appended, not overwritten
+    assert "## qwen3_tts_tiny_random (" in text and "Triton server 2.51.0" in text and "torch " in text
+    header = next(line for line in text.splitlines() if line.startswith("| c |"))
+    assert "in-proc audio s/s" in header and "served/in-proc RTF" in header
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")}
+    assert set(rows) == {"1", "2"}
+    for c, cells in rows.items():
+        requests, errors = int(cells[0]), int(cells[1])
+        assert (requests, errors) == (int(c), 0)
+        assert float(cells[5]) > 0   # audio seconds per second
