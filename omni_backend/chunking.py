@@ -75,6 +75,18 @@ class CodecChunkSchedule:
         context = min(self.left_context_frames, emitted_frames)
         return CodecWindow(emitted_frames - context, context, emitted_frames + new)
 
+    def full_window_shapes(self) -> list[tuple[int, int]]:
+        """``(frames, left_context_frames)`` of every full window a stream makes, first to steady
+        state (only a stream's last window can have another shape): what a decoder can prepare for."""
+        shapes, emitted = [], 0
+        while True:
+            window = self.next_window(emitted, emitted + self.chunk_frames + self.initial_chunk_frames, False)
+            shape = (window.total_frames, window.left_context_frames)
+            if shape in shapes:
+                return shapes
+            shapes.append(shape)
+            emitted = window.end_frame
+
     def plan(self, total_frames: int) -> list[CodecWindow]:
         """All windows of a finished stream of ``total_frames`` frames, in order."""
         windows: list[CodecWindow] = []

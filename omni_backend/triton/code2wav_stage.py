@@ -8,6 +8,7 @@ different streams arrive here batched by Triton's dynamic batcher. Always Float3
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -16,6 +17,8 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.deploy import parse_deploy
 from omni_backend.pipeline import get_pipeline
+
+logger = logging.getLogger(__name__)
 
 
 class Code2WavStage:
@@ -32,6 +35,28 @@ class Code2WavStage:
         # By default on CPU, decode each window alone so a stream's audio never depends on what it
         # was batched with (bit-identical to serving it solo); GPUs batch for throughput.
         self.decoder.batch_invariant = sd.exact_batches
+        self.decode_window = self.decoder.decode_window
+        if self.decoder.device.type == "cuda" and not sd.enforce_eager:
+            self.decode_window = self.capture_graphs(deploy, sd)
+
+    def capture_graphs(self, deploy, sd):
+        """CUDA graphs of every full window shape of the deploy's chunk schedule per batch bucket,
+        captured here, before Triton reports the model ready; other shapes run eagerly."""
+        from omni_backend.chunking import CodecChunkSchedule
+        from omni_backend.engine.cuda_graphs import bucket_sizes
+        from omni_backend.models.qwen3_tts.code2wav import Code2WavGraphs
+
+        a = deploy.async_chunk
+        schedule = CodecChunkSchedule(a.initial_chunk_frames, a.chunk_frames, a.left_context_frames)
+        graphs = Code2WavGraphs(self.decoder, windows=schedule.full_window_shapes(),
+                                batch_sizes=bucket_sizes(sd.cuda_graph_sizes, sd.max_batch_size))
+        try:
+            graphs.capture()
+        except Exception:  # serve eagerly rather than not at all
+            logger.exception("code2wav CUDA graph capture failed; decoding eagerly")
+            return self.decoder.decode_window
+        logger.info("code2wav: %d CUDA graphs captured", len(graphs.graphs))
+        return graphs.decode_window
 
     @staticmethod
     def load_decoder(model_type: str, model: str, device: str):
@@ -66,7 +91,7 @@ class Code2WavStage:
             try:
                 batch = torch.from_numpy(np.concatenate([windows[i] for i in members]).astype(np.int64))
                 with torch.inference_mode():
-                    audio = self.decoder.decode_window(batch, key[1]).float().cpu().numpy()
+                    audio = self.decode_window(batch, key[1]).float().cpu().numpy()
                 row = 0
                 for i in members:
                     n = windows[i].shape[0]

@@ -347,9 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         capture_s = time.perf_counter() - started_load
         buckets = engine.runner.graphs.sizes if engine.runner.graphs is not None else []
         decoder = Code2Wav.from_checkpoint(os.path.join(dirs[big], "speech_tokenizer"), device=device)
-        codec_graphs = Code2WavGraphs(decoder, windows=((2, 0), (schedule.left_context_frames + schedule.chunk_frames,
-                                                                 schedule.left_context_frames)),
-                                      batch_sizes=graph_sizes, enabled=device.startswith("cuda") or dry)
+        codec_graphs = Code2WavGraphs(decoder, windows=schedule.full_window_shapes(), batch_sizes=graph_sizes,
+                                      enabled=device.startswith("cuda") or dry)
         started_codec = time.perf_counter()
         if device.startswith("cuda"):
             try:

@@ -127,6 +127,15 @@ def test_plan_covers_stream_with_fixed_size_windows():
     assert {w.total_frames for w in windows[4:-1]} == {97}  # steady state: 72 + 25
 
 
+@pytest.mark.parametrize("schedule", [(2, 25, 72), (2, 25, 0), (5, 10, 3), (1, 1, 4), (30, 7, 12)])
+def test_full_window_shapes_are_every_full_window_a_stream_makes(schedule):
+    shapes = CodecChunkSchedule(*schedule).full_window_shapes()
+    windows = plan_stream_windows(400, *schedule)[:-1]   # the last window may be partial
+    assert {(w.total_frames, w.left_context_frames) for w in windows} == set(shapes)
+    assert len(shapes) == len(set(shapes))
+    assert CodecChunkSchedule(2, 25, 72).full_window_shapes() == [(2, 0), (27, 2), (52, 27), (77, 52), (97, 72)]
+
+
 @pytest.mark.parametrize("total", [0, 1, 2, 3, 27, 28, 101])
 def test_plan_flushes_last_partial_chunk(total):
     windows = plan_stream_windows(total, 2, 25, 72)
