@@ -113,3 +113,18 @@ def test_cli_and_eos_argument(tmp_path, capsys):
     assert json.loads((tmp_path / "vd" / "config.json").read_text())["tts_model_type"] == "voice_design"
     with pytest.raises(ValueError, match="eos-after"):
         write_random_checkpoint(str(tmp_path / "bad"), "tiny", "custom_voice", eos_after=1, speech_tokenizer=False)
+
+
+def test_text_table_stays_in_host_memory_off_cpu(qwen3_tiny_cv):
+    """On an accelerator the text embedding table stays on the host (it is only read at prefill);
+    the meta device stands in for the accelerator here."""
+    checkpoint = load_checkpoint(str(qwen3_tiny_cv), device="meta")
+    talker = checkpoint.talker
+    assert talker.model.text_embedding.weight.device.type == "cpu"
+    others = {p.device.type for n, p in talker.named_parameters() if n != "model.text_embedding.weight"}
+    assert others == {"meta"} and checkpoint.device.type == "meta"
+    out = talker.embed_text(torch.tensor([[1, 2, 3]]))
+    assert out.device.type == "meta" and out.shape == (1, 3, talker.config.hidden_size)
+    on_cpu = load_checkpoint(str(qwen3_tiny_cv)).talker
+    ids = torch.tensor([[5, 7]])
+    assert torch.equal(on_cpu.embed_text(ids), on_cpu.text_projection(on_cpu.model.text_embedding(ids)))

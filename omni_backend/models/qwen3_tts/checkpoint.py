@@ -78,6 +78,9 @@ def read_state_dict(checkpoint_dir: str, prefix: str) -> dict[str, torch.Tensor]
     return tensors
 
 
+TEXT_TABLE = "model.text_embedding.weight"
+
+
 def load_checkpoint(checkpoint_dir: str, dtype: torch.dtype | str = torch.float32,
                     device: torch.device | str = "cpu") -> Qwen3TTSCheckpoint:
     """Read config, generation defaults, text tokenizer and talker weights (strict)."""
@@ -99,8 +102,11 @@ def load_checkpoint(checkpoint_dir: str, dtype: torch.dtype | str = torch.float3
         if tuple(state[name].shape) != tuple(tensor.shape):
             raise ValueError(f"{checkpoint_dir}: talker.{name} has shape {tuple(state[name].shape)}, "
                              f"config.json implies {tuple(tensor.shape)}")
+    # The text table (151k rows, a third of the 0.6B talker) is only read at prefill, a few hundred
+    # rows per request: on an accelerator it stays in host memory.
+    host = {TEXT_TABLE} if torch.device(device).type != "cpu" else set()
     for name in list(state):  # convert one tensor at a time (no second full copy)
-        state[name] = state[name].to(device=device, dtype=dtype)
+        state[name] = state[name].to(device="cpu" if name in host else device, dtype=dtype)
     talker.load_state_dict(state, strict=True, assign=True)
     talker.eval().requires_grad_(False)
     return Qwen3TTSCheckpoint(checkpoint_dir, config, generation, talker, tokenizer)

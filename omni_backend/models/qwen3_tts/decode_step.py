@@ -46,13 +46,46 @@ def signed_sin(sin: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def fuse_projections(layer: DecoderLayer) -> None:
+    """Store ``q_proj | k_proj | v_proj`` and ``gate_proj | up_proj`` weights as one tensor each,
+    the module weights becoming row views of it (no second copy; a row slice of a contiguous
+    matrix is contiguous, so every ``F.linear`` on them gives the same bits). One matmul of the
+    fused weight equals the separate ones bit for bit: each output is the same dot product,
+    whatever the number of rows (checked in the tests). Idempotent."""
+    a, m = layer.self_attn, layer.mlp
+    with torch.inference_mode(False), torch.no_grad():
+        if getattr(a, "qkv_weight", None) is None and (a.q_proj.bias is None) == (a.k_proj.bias is None) \
+                == (a.v_proj.bias is None):
+            a.qkv_weight, a.qkv_bias = _fuse([a.q_proj, a.k_proj, a.v_proj])
+        if getattr(m, "gate_up_weight", None) is None and m.gate_proj.bias is None and m.up_proj.bias is None:
+            m.gate_up_weight, _ = _fuse([m.gate_proj, m.up_proj])
+
+
+def _fuse(linears: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = torch.cat([lin.weight for lin in linears])
+    bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+    row = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight.data = weight[row:row + rows]
+        if bias is not None:
+            lin.bias.data = bias[row:row + rows]
+        row += rows
+    return weight, bias
+
+
 class LayerWeights:
-    """One decoder layer's tensors as plain attributes (no ``nn.Module`` lookups per op)."""
+    """One decoder layer's tensors as plain attributes (no ``nn.Module`` lookups per op), with its
+    projections fused (:func:`fuse_projections`): ``wqkv`` and ``wgu`` (None where a layer's
+    biases do not allow it), and ``qk_norm``, the q and k norm weights per head ``[Hq + Hkv, D]``
+    so both norms run as one."""
 
     __slots__ = ("ln_in", "ln_post", "eps", "q_norm", "k_norm", "qk_eps", "wq", "bq", "wk", "bk", "wv", "bv",
-                 "wo", "bo", "gate", "up", "down", "act", "act_name", "head_dim", "scaling", "half")
+                 "wo", "bo", "gate", "up", "down", "act", "act_name", "head_dim", "scaling", "half",
+                 "wqkv", "bqkv", "wgu", "qk_norm", "heads", "kv_heads", "inter")
 
     def __init__(self, layer: DecoderLayer) -> None:
+        fuse_projections(layer)
         a, m = layer.self_attn, layer.mlp
         self.ln_in = layer.input_layernorm.weight
         self.ln_post = layer.post_attention_layernorm.weight
@@ -70,6 +103,12 @@ class LayerWeights:
         self.head_dim = a.head_dim
         self.scaling = a.scaling
         self.half = a.head_dim // 2
+        self.heads, self.kv_heads = a.num_heads, a.num_kv_heads
+        self.inter = self.gate.shape[0]
+        self.wqkv, self.bqkv = getattr(a, "qkv_weight", None), getattr(a, "qkv_bias", None)
+        self.wgu = getattr(m, "gate_up_weight", None)
+        with torch.inference_mode(False), torch.no_grad():
+            self.qk_norm = torch.cat((self.q_norm.expand(self.heads, -1), self.k_norm.expand(self.kv_heads, -1)))
 
 
 def _rms_fp32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -124,6 +163,14 @@ class DecodeStep:
 
     def _qkv(self, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor):
         lin, rms = self._linear, self.rms
+        if w.wqkv is not None:
+            # one matmul for q | k | v, one norm and one rotation for q | k: per element the same
+            # operations as below (the norm weight is per head), so the same bits
+            qkv = lin(x, w.wqkv, w.bqkv).view(x.shape[0], x.shape[1], -1, w.head_dim)
+            split = w.heads + w.kv_heads
+            qk = rms(qkv[:, :, :split], w.qk_norm, w.qk_eps).transpose(1, 2)
+            qk = (qk * cos) + (qk.roll(w.half, -1) * sin_signed)
+            return qk[:, :w.heads], qk[:, w.heads:], qkv[:, :, split:].transpose(1, 2)
         shape = (x.shape[0], x.shape[1], -1, w.head_dim)
         q = rms(lin(x, w.wq, w.bq).view(shape), w.q_norm, w.qk_eps).transpose(1, 2)
         k = rms(lin(x, w.wk, w.bk).view(shape), w.k_norm, w.qk_eps).transpose(1, 2)
@@ -135,9 +182,16 @@ class DecodeStep:
     def _mlp_residual(self, w: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         lin = self._linear
         x = self.rms(h, w.ln_post, w.eps)
-        gate = lin(x, w.gate)
+        if w.wgu is not None and x.shape[1] == 1:
+            # one matmul for gate | up; only for one position per row, where each row's gate is
+            # one contiguous run like a separate gate's (so the activation's vector / scalar
+            # split of elements, which can change its bits, is the same)
+            gate_up = lin(x, w.wgu)
+            gate, up = gate_up[..., :w.inter], gate_up[..., w.inter:]
+        else:
+            gate, up = lin(x, w.gate), lin(x, w.up)
         gate = w.act(gate) if x.shape[0] == 1 else self.ops.elementwise(w.act_name, w.act, gate)
-        return h + lin(gate * lin(x, w.up), w.down)
+        return h + lin(gate * up, w.down)
 
     def _out(self, w: LayerWeights, attn: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         # (the module path's second ``.contiguous()`` returns its input: a reshape of a contiguous tensor)

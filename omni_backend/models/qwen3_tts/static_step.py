@@ -161,6 +161,12 @@ class StaticFrameStep:
 
     # -- pieces
     def _qkv(self, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        if w.wqkv is not None:   # one GEMM for q | k | v, one norm and one rotation for q | k
+            qkv = F.linear(x, w.wqkv, w.bqkv).view(x.shape[0], x.shape[1], -1, w.head_dim)
+            split = w.heads + w.kv_heads
+            qk = self.rms(qkv[:, :, :split], w.qk_norm, w.qk_eps).transpose(1, 2)
+            qk = (qk * cos) + (qk.roll(w.half, -1) * sin)
+            return qk[:, :w.heads], qk[:, w.heads:], qkv[:, :, split:].transpose(1, 2)
         shape = (x.shape[0], x.shape[1], -1, w.head_dim)
         q = self.rms(F.linear(x, w.wq, w.bq).view(shape), w.q_norm, w.qk_eps).transpose(1, 2)
         k = self.rms(F.linear(x, w.wk, w.bk).view(shape), w.k_norm, w.qk_eps).transpose(1, 2)
@@ -173,6 +179,9 @@ class StaticFrameStep:
         attn = attn.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
         h = x + F.linear(attn, w.wo, w.bo)
         m = self.rms(h, w.ln_post, w.eps)
+        if w.wgu is not None:   # one GEMM for gate | up
+            gate_up = F.linear(m, w.wgu)
+            return h + F.linear(w.act(gate_up[..., :w.inter]) * gate_up[..., w.inter:], w.down)
         return h + F.linear(w.act(F.linear(m, w.gate)) * F.linear(m, w.up), w.down)
 
     def _cp_run(self, embeds: torch.Tensor, start: int) -> torch.Tensor:

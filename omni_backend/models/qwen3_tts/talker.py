@@ -11,6 +11,7 @@ Two entry points, both writing keys and values into a :class:`StaticKVCache` slo
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from omni_backend.engine.kv_cache import StaticKVCache
@@ -64,8 +65,12 @@ class Talker(nn.Module):
 
     # -- helpers the prompt builder uses
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
-        """``text_projection(text_embedding(ids))`` for ids ``[1, n]`` -> ``[1, n, hidden]``."""
-        return self.text_projection(self.model.text_embedding(ids))
+        """``text_projection(text_embedding(ids))`` for ids ``[1, n]`` -> ``[1, n, hidden]``.
+        The text table may live in host memory (see ``load_checkpoint``): rows are looked up
+        where it is and moved to the projection's device."""
+        table = self.model.text_embedding.weight
+        rows = F.embedding(ids.to(table.device), table)
+        return self.text_projection(rows.to(self.text_projection.linear_fc1.weight.device))
 
     def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.codec_embedding(ids)
