@@ -13,7 +13,8 @@ from omni_backend.models.qwen3_tts.layers import BatchInvariantOps, CodePredicto
 
 
 @pytest.mark.parametrize("k, n, rows, bias", [(64, 3072, 1, False), (48, 24, 2, True), (136, 48, 1, False),
-                                              (16, 16, 1, False), (512, 1536, 1, False), (96, 48, 2, True)])
+                                              (16, 16, 1, False), (512, 1536, 1, False), (96, 48, 2, True),
+                                              (384, 2304, 2, True)])
 def test_linear_rows_equal_single_row(k, n, rows, bias):
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(n, k, generator=g) / math.sqrt(k)
