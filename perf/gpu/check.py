@@ -334,8 +334,15 @@ def main(argv: list[str] | None = None) -> int:
 
         # 3. memory (0.6B pipeline, max_num_seqs 16)
         log(f"memory: {small} pipeline, max_num_seqs 16, 16 streams")
-        memory = memory_check(dirs[small], device, dtype, frames, schedule, max_model_len if dry else 2048,
-                              [1, 2, 4, 8, 16])
+        try:
+            memory = memory_check(dirs[small], device, dtype, frames, schedule, max_model_len if dry else 2048,
+                                  [1, 2, 4, 8, 16])
+        except Exception as exc:  # report it and go on to the benchmark
+            problems.append(f"memory check raised {type(exc).__name__}: {exc}")
+            memory = {"max_model_len": max_model_len if dry else 2048, "kv_cache_gib": float("nan")}
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
         log("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in memory.items()))
 
         # 4. in-process benchmark (1.7B)
@@ -365,16 +372,28 @@ def main(argv: list[str] | None = None) -> int:
         run_pipeline(engine, decoder, schedule, 1, 4, device, "warm", codec_graphs)
         rows = []
         for c in concurrency:
-            row = run_pipeline(engine, decoder, schedule, c, frames, device, f"c{c}", codec_graphs)
-            row["step_ms"] = step_ms(engine, c, min(frames, 40), device)
+            try:
+                row = run_pipeline(engine, decoder, schedule, c, frames, device, f"c{c}", codec_graphs)
+                row["step_ms"] = step_ms(engine, c, min(frames, 40), device)
+            except Exception as exc:  # keep the levels measured so far
+                problems.append(f"in-process c={c} raised {type(exc).__name__}: {exc}")
+                log(f"  c={c}: {problems[-1]}")
+                break
             rows.append(row)
             log(f"  c={c}: TTFA p50 {row['ttfa_p50_ms']:.1f} ms p95 {row['ttfa_p95_ms']:.1f} ms, "
                 f"RTF p50 {row['rtf_p50']:.3f}, {row['audio_s_per_s']:.1f} audio s/s, step {row['step_ms']:.2f} ms")
-        eager = create_engine(dirs[big], max_num_seqs=4, max_model_len=max_model_len, dtype=dtype, device=device,
-                              cuda_graph_sizes=[1, 4], enforce_eager=True, static_step=_static(device))
-        eager_step = {c: step_ms(eager, c, min(frames, 40), device) for c in (1, 4)}
+        del engine
+        try:
+            eager = create_engine(dirs[big], max_num_seqs=4, max_model_len=max_model_len, dtype=dtype,
+                                  device=device, cuda_graph_sizes=[1, 4], enforce_eager=True,
+                                  static_step=_static(device))
+            eager_step = {c: step_ms(eager, c, min(frames, 40), device) for c in (1, 4)}
+            del eager
+        except Exception as exc:
+            problems.append(f"eager step raised {type(exc).__name__}: {exc}")
+            eager_step = {1: float("nan"), 4: float("nan")}
         log(f"  eager (no graphs) step: c=1 {eager_step[1]:.2f} ms, c=4 {eager_step[4]:.2f} ms")
-        del engine, eager, decoder
+        del decoder
 
         # 5. served
         served_status = "skipped (--no-served or dry run)"
