@@ -93,13 +93,24 @@ class AREngine:
                 self._end(seq, "cancelled", events, codes=None)
 
         with torch.inference_mode():
-            for seq in self.scheduler.admit():
+            admitted = self.scheduler.admit()
+            outs: list = []
+            if len(admitted) > 1:
                 try:
-                    out = self.runner.prefill(seq)
-                except Exception as exc:  # the request ends with an error event; others go on
-                    logger.exception("prefill of %s failed", seq.request_id)
-                    self._end(seq, "error", events, codes=None, error=f"{type(exc).__name__}: {exc}")
-                    continue
+                    outs = self.runner.prefill_many(admitted)
+                except Exception:  # find the culprit: one by one below
+                    logger.exception("prefill of %d requests together failed; prefilling one by one", len(admitted))
+                    outs = []
+            for index, seq in enumerate(admitted):
+                if outs:
+                    out = outs[index]
+                else:
+                    try:
+                        out = self.runner.prefill(seq)
+                    except Exception as exc:  # the request ends with an error event; others go on
+                        logger.exception("prefill of %s failed", seq.request_id)
+                        self._end(seq, "error", events, codes=None, error=f"{type(exc).__name__}: {exc}")
+                        continue
                 if out is not None:
                     self._emit(out, events)
             batch = self.scheduler.decoding()

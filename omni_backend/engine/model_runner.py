@@ -42,6 +42,11 @@ class ModelRunner(abc.ABC):
         """Run the prompt of a newly admitted sequence into its slot. Returns an output only if
         the sequence ends right away (it then yields no frame)."""
 
+    def prefill_many(self, seqs: list[Sequence]) -> list[Optional[StepOutput]]:
+        """Prefill the sequences admitted in one step (one output or None each, in order). A
+        runner may run them together; if this raises, the engine prefills them one by one."""
+        return [self.prefill(seq) for seq in seqs]
+
     @abc.abstractmethod
     def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
         """Advance every sequence by one frame (one output per sequence, in order)."""

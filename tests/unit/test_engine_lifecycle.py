@@ -150,3 +150,36 @@ def test_bfloat16_engine(qwen3_tiny_cv):
 def test_default_params_come_from_generation_config(cv):
     engine = create_engine(cv, max_num_seqs=1, max_model_len=64, num_threads=1)
     assert engine.default_params.max_new_tokens == 8192 and engine.default_params.do_sample is True
+
+
+def test_a_failing_joint_prefill_falls_back_to_one_by_one(cv, monkeypatch):
+    """Requests admitted together are prefilled together where the runner can; if that raises,
+    each is prefilled alone, so only the bad request ends with an error."""
+    engine = create_engine(cv, max_num_seqs=3, max_model_len=64, num_threads=1, max_prefills_per_step=3,
+                           static_step=True, cuda_graph_sizes=[1, 2, 4])
+    for name in ("a", "boom", "c"):
+        engine.add_request(name, _prompt(cv), SamplingParams.greedy(max_new_tokens=4))
+    single = engine.runner.prefill
+    calls = []
+
+    def together(seqs):
+        calls.append(len(seqs))
+        raise RuntimeError("broken joint prefill")
+
+    def alone(seq):
+        if seq.request_id == "boom":
+            raise RuntimeError("broken prefill")
+        return single(seq)
+
+    monkeypatch.setattr(engine.runner, "prefill_many", together)
+    monkeypatch.setattr(engine.runner, "prefill", alone)
+    events = _collect(engine)
+    assert calls == [3]
+    errors = [e for e in events if e.finish_reason == "error"]
+    assert [e.request_id for e in errors] == ["boom"] and "broken prefill" in errors[0].error
+    frames = {}
+    for e in events:
+        if e.codes is not None:
+            frames.setdefault(e.request_id, []).append(e.codes)
+    assert {k: len(v) for k, v in frames.items()} == {"a": 3, "c": 3}
+    assert engine.scheduler.num_free_slots == 3

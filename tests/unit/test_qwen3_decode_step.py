@@ -108,6 +108,25 @@ def test_static_step_greedy_on_cpu(qwen3_tiny_cv, qwen3_loaded):
     assert got == exact
 
 
+@pytest.mark.parametrize("fixture", ["qwen3_tiny_cv", "qwen3_tiny2_cv"])
+def test_static_step_joint_prefill_on_cpu(fixture, qwen3_loaded, request):
+    """Requests admitted in one step are prefilled as one right-padded forward on the static path
+    (prompts of different lengths); on the tiny models greedy codes still agree with the exact
+    one-by-one path."""
+    checkpoint = qwen3_loaded(request.getfixturevalue(fixture))
+    greedy = lambda i: SamplingParams.greedy(max_new_tokens=10)  # noqa: E731
+    requests = _requests(checkpoint, greedy)
+    assert len({p.prefill_length for _, p, _ in requests}) > 1
+    exact = create_engine(checkpoint, max_num_seqs=4, max_model_len=128, max_prefills_per_step=4)
+    static = create_engine(checkpoint, max_num_seqs=4, max_model_len=128, max_prefills_per_step=4,
+                           static_step=True, cuda_graph_sizes=[1, 2, 4])
+    calls = []
+    joint = static.runner.talker.prefill_batch
+    static.runner.talker.prefill_batch = lambda prompts, *a: calls.append(len(prompts)) or joint(prompts, *a)
+    assert static.generate(requests) == exact.generate(requests)
+    assert calls == [4]
+
+
 def test_static_step_stops_at_eos(qwen3_tiny_eos, qwen3_loaded):
     checkpoint = qwen3_loaded(qwen3_tiny_eos)
     engine = create_engine(checkpoint, max_num_seqs=2, max_model_len=128, static_step=True)

@@ -342,6 +342,17 @@ class Attention(nn.Module):
         cache.write_prefix(layer, slot, k, v)
         return self._out(self._sdpa(q, k, v, causal=x.shape[1] > 1), x, ops)
 
+    def prefill_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: BatchInvariantOps,
+                     cache: StaticKVCache, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """Several right-padded sequences ``x`` ``[N, L, H]`` from position 0, row ``b`` into
+        ``slots[b]``: causal attention keeps every real position off the padding after it. The
+        padding's keys land past each sequence's end, where decoding masks and overwrites them."""
+        q, k, v = self._qkv(x, cos, sin, ops)
+        length = x.shape[1]
+        cache.keys[layer][slots, :, :length] = k
+        cache.values[layer][slots, :, :length] = v
+        return self._out(self._sdpa(q, k, v, causal=True), x, ops)
+
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: BatchInvariantOps,
                cache: StaticKVCache, layer: int, slots: torch.Tensor, positions: torch.Tensor,
                slot_list: list[int], lengths: list[int]) -> torch.Tensor:

@@ -116,10 +116,24 @@ class Qwen3TTSRunner(ModelRunner):
                                        f"{self.max_model_len} per request (max_model_len)")
 
     def prefill(self, seq: Sequence) -> Optional[StepOutput]:
-        prompt: Qwen3Prompt = seq.prompt
-        params = seq.params
-        embeds = embed_prompt(self.talker, self.config, prompt)
+        embeds = embed_prompt(self.talker, self.config, seq.prompt)
         logits, hidden = self.talker.prefill(embeds.prefill, self.cache, seq.slot, self.rotary, self.ops)
+        return self._start(seq, embeds, logits, hidden)
+
+    def prefill_many(self, seqs: list[Sequence]) -> list[Optional[StepOutput]]:
+        """Prefill several admitted requests. On the static (accelerator) path they run as one
+        padded forward; the exact CPU path keeps one forward per request (bit-identical to the
+        reference)."""
+        if self.static is None or len(seqs) == 1:
+            return [self.prefill(seq) for seq in seqs]
+        embeds = [embed_prompt(self.talker, self.config, seq.prompt) for seq in seqs]
+        logits, hidden = self.talker.prefill_batch([e.prefill for e in embeds], self.cache,
+                                                   [seq.slot for seq in seqs], self.rotary)
+        return [self._start(seq, e, logits[i:i + 1], hidden[i:i + 1]) for i, (seq, e) in enumerate(zip(seqs, embeds))]
+
+    def _start(self, seq: Sequence, embeds, logits: torch.Tensor, hidden: torch.Tensor) -> Optional[StepOutput]:
+        """The request's state after its prefill, and its first codebook-0 token."""
+        params = seq.params
         token = self._select_cb0(logits, [], params, seq.generator)
         seq.state = _RequestState(prefill_length=embeds.prefill.shape[1], trailing_text=embeds.trailing_text[0],
                                   tts_pad=embeds.tts_pad[0], past_hidden=hidden, pending=token, generated=[token])

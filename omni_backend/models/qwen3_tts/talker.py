@@ -99,6 +99,26 @@ class Talker(nn.Module):
         logits = ops.linear(hidden, self.codec_head.weight)[:, -1, :].to(torch.float32)
         return logits, hidden[:, -1:, :]
 
+    def prefill_batch(self, prompts: list[torch.Tensor], cache: StaticKVCache, slots: list[int],
+                      rotary: TalkerRotary) -> tuple[torch.Tensor, torch.Tensor]:
+        """Several prompts ``[1, L_b, hidden]`` in one right-padded forward (plain batched
+        matmuls, so not bit-identical to :meth:`prefill`: for the accelerator path, where one
+        pass instead of N saves N-1 passes of kernel launches). Returns float32 logits
+        ``[N, vocab]`` at each prompt's last position and those hidden states ``[N, 1, hidden]``."""
+        lengths = [p.shape[1] for p in prompts]
+        hidden = torch.nn.utils.rnn.pad_sequence([p[0] for p in prompts], batch_first=True)
+        device = hidden.device
+        slot_t = torch.tensor(slots, dtype=torch.long, device=device)
+        cos, sin = rotary.prefill(hidden.shape[1])
+        ops = BatchInvariantOps(enabled=False)
+        for index, layer in enumerate(self.model.layers):
+            hidden = layer(hidden, lambda h, i=index, l=layer: l.self_attn.prefill_rows(h, cos, sin, ops, cache, i,
+                                                                                         slot_t), ops)
+        last = torch.tensor(lengths, dtype=torch.long, device=device) - 1
+        hidden = self.model.norm(hidden[torch.arange(len(prompts), device=device), last]).unsqueeze(1)
+        logits = F.linear(hidden, self.codec_head.weight)[:, -1, :].to(torch.float32)
+        return logits, hidden
+
     def decode(self, embeds: torch.Tensor, cache: StaticKVCache, slots: list[int], positions: list[int],
                rotary: TalkerRotary, ops: BatchInvariantOps) -> tuple[torch.Tensor, torch.Tensor]:
         """Advance ``B`` sequences by one position: ``embeds`` ``[B, 1, hidden]``, row ``b`` at
