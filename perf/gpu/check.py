@@ -247,6 +247,7 @@ stages:
     instances: 1
     threads: 4
     max_num_seqs: {max(max(concurrency), 1)}
+    max_prefills_per_step: {max(max(concurrency), 1)}
     max_model_len: 1024
     cuda_graph_sizes: {sorted(set([1, 2, 4, 8, 16, 32, 64]) | {max(concurrency)})}
   - stage_id: 1
