@@ -109,22 +109,26 @@ def test_static_step_greedy_on_cpu(qwen3_tiny_cv, qwen3_loaded):
 
 
 @pytest.mark.parametrize("fixture", ["qwen3_tiny_cv", "qwen3_tiny2_cv"])
-def test_static_step_joint_prefill_on_cpu(fixture, qwen3_loaded, request):
+def test_joint_prefill_on_cpu(fixture, qwen3_loaded, request, monkeypatch):
     """Requests admitted in one step are prefilled as one right-padded forward on the static path
-    (prompts of different lengths); on the tiny models greedy codes still agree with the exact
-    one-by-one path."""
+    and in the CPU throughput mode (prompts of different lengths); on the tiny models greedy codes
+    still agree with the exact one-by-one path, which never prefills jointly."""
+    from omni_backend.models.qwen3_tts.talker import Talker
+
     checkpoint = qwen3_loaded(request.getfixturevalue(fixture))
     greedy = lambda i: SamplingParams.greedy(max_new_tokens=10)  # noqa: E731
     requests = _requests(checkpoint, greedy)
     assert len({p.prefill_length for _, p, _ in requests}) > 1
-    exact = create_engine(checkpoint, max_num_seqs=4, max_model_len=128, max_prefills_per_step=4)
-    static = create_engine(checkpoint, max_num_seqs=4, max_model_len=128, max_prefills_per_step=4,
-                           static_step=True, cuda_graph_sizes=[1, 2, 4])
     calls = []
-    joint = static.runner.talker.prefill_batch
-    static.runner.talker.prefill_batch = lambda prompts, *a: calls.append(len(prompts)) or joint(prompts, *a)
-    assert static.generate(requests) == exact.generate(requests)
-    assert calls == [4]
+    joint = Talker.prefill_batch
+    monkeypatch.setattr(Talker, "prefill_batch", lambda self, prompts, *a: calls.append(len(prompts))
+                        or joint(self, prompts, *a))
+    want = create_engine(checkpoint, max_num_seqs=4, max_model_len=128, max_prefills_per_step=4).generate(requests)
+    assert calls == []
+    for options in (dict(static_step=True, cuda_graph_sizes=[1, 2, 4]), dict(batch_invariant=False)):
+        engine = create_engine(checkpoint, max_num_seqs=4, max_model_len=128, max_prefills_per_step=4, **options)
+        assert engine.generate(requests) == want, options
+    assert calls == [4, 4]
 
 
 def test_static_step_stops_at_eos(qwen3_tiny_eos, qwen3_loaded):

@@ -121,10 +121,10 @@ class Qwen3TTSRunner(ModelRunner):
         return self._start(seq, embeds, logits, hidden)
 
     def prefill_many(self, seqs: list[Sequence]) -> list[Optional[StepOutput]]:
-        """Prefill several admitted requests. On the static (accelerator) path they run as one
-        padded forward; the exact CPU path keeps one forward per request (bit-identical to the
-        reference)."""
-        if self.static is None or len(seqs) == 1:
+        """Prefill several admitted requests. On the static (accelerator) path and without
+        ``batch_invariant`` they run as one padded forward; the exact CPU path keeps one forward
+        per request (bit-identical to the reference)."""
+        if (self.static is None and self.ops.enabled) or len(seqs) == 1:
             return [self.prefill(seq) for seq in seqs]
         embeds = [embed_prompt(self.talker, self.config, seq.prompt) for seq in seqs]
         logits, hidden = self.talker.prefill_batch([e.prefill for e in embeds], self.cache,
