@@ -1,6 +1,11 @@
-"""perf_analyzer (the real binary from the tritonclient wheel) drives the entry model."""
+"""perf_analyzer (the real binary from the tritonclient wheel) drives the entry model.
+
+The script starts its own tritonserver here (its documented stand-alone mode), so this test
+does not share the suite's server: see README "Known limits" for the Python-backend wedge that
+was seen once under perf_analyzer's load on a server that had served cancelled streams."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +16,12 @@ pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_perf_analyzer_streams_hibari_at_concurrency_4_without_errors(triton):
-    r = subprocess.run(["bash", "perf/perf_analyzer.sh", "hibari", "--url", triton.grpc_url,
-                        "--concurrency", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+def test_perf_analyzer_streams_hibari_at_concurrency_4_without_errors():
+    env = {"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+    if os.environ.get("OMNI_CACHE_DIR"):
+        env["OMNI_CACHE_DIR"] = os.environ["OMNI_CACHE_DIR"]
+    r = subprocess.run(["bash", "perf/perf_analyzer.sh", "hibari", "--concurrency", "4"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=420, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [l.split() for l in r.stdout.splitlines() if l.strip().startswith("4 ")]
     assert rows, r.stdout
