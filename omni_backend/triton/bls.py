@@ -56,13 +56,17 @@ class StageStream:
         self.outputs = outputs
         self._it = None
         self._done = False
-        self._pending: asyncio.Future | None = None  # the in-flight next() on the iterator
+        self._starting: asyncio.Future | None = None  # the in-flight exec() that opens the stream
+        self._pending: asyncio.Future | None = None   # the in-flight next() on the iterator
 
     async def __aiter__(self) -> AsyncIterator[dict[str, np.ndarray]]:
         loop = asyncio.get_running_loop()
-        self._it = await loop.run_in_executor(
+        self._starting = loop.run_in_executor(
             self.executor, _start, self.model_name, self.inputs, self.outputs, self.request_id)
+        self._it = await self._starting
         while True:
+            if self._done:  # aclose() took over the iterator while it was being opened
+                return
             self._pending = loop.run_in_executor(self.executor, next, self._it, None)
             resp = await self._pending
             self._pending = None
@@ -84,15 +88,22 @@ class StageStream:
                 yield out
 
     async def aclose(self) -> None:
-        """Stop the stage's stream if it is still running and drain what is left."""
-        if self._done or self._it is None:
+        """Stop the stage's stream if it is still running and drain what is left. A stream
+        whose opening call is still in flight (the client left right after asking) is waited
+        for, then stopped and drained too: left alone, its responses would never be read."""
+        if self._done or self._starting is None:
+            self._done = True
             return
         self._done = True
         loop = asyncio.get_running_loop()
+        try:
+            it = await asyncio.shield(self._starting)
+        except Exception:  # the stream never opened: nothing to stop
+            return
         await loop.run_in_executor(self.executor, cancel_stage_request, self.model_name, self.request_id)
         if self._pending is not None:  # never two threads on one iterator
             await asyncio.wait({self._pending})
-        await loop.run_in_executor(self.executor, _drain_quietly, self._it)
+        await loop.run_in_executor(self.executor, _drain_quietly, it)
 
 
 def _drain_quietly(it) -> None:
