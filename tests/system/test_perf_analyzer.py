@@ -1,8 +1,8 @@
 """perf_analyzer (the real binary from the tritonclient wheel) drives the entry model.
 
-The script starts its own tritonserver here (its documented stand-alone mode), so this test
-does not share the suite's server: see README "Known limits" for the Python-backend wedge that
-was seen once under perf_analyzer's load on a server that had served cancelled streams."""
+The script starts its own tritonserver here (its documented stand-alone mode, which this also
+tests), so a run of perf_analyzer cannot disturb the suite's shared server (README "Known limits":
+the stage-stream wedge seen once under its load, and the fix)."""
 from __future__ import annotations
 
 import os
