@@ -34,7 +34,7 @@ from omni_backend.engine.kv_cache import StaticKVCache
 
 from .layers import BatchInvariantOps, DecoderLayer
 
-__all__ = ["LayerWeights", "DecodeStep", "signed_sin"]
+__all__ = ["LayerWeights", "DecodeStep", "signed_sin", "split_qkv", "fuse_projections"]
 
 
 def signed_sin(sin: torch.Tensor) -> torch.Tensor:
@@ -111,6 +111,16 @@ class LayerWeights:
             self.qk_norm = torch.cat((self.q_norm.expand(self.heads, -1), self.k_norm.expand(self.kv_heads, -1)))
 
 
+def split_qkv(w: LayerWeights, qkv: torch.Tensor, rms, cos: torch.Tensor, sin_signed: torch.Tensor):
+    """q, k, v ``[B, heads, n, D]`` from the fused projection ``qkv`` ``[B, n, (Hq + 2 Hkv) D]``:
+    q and k normed (per-head weights) and rotated together, v as it is."""
+    qkv = qkv.view(qkv.shape[0], qkv.shape[1], -1, w.head_dim)
+    split = w.heads + w.kv_heads
+    qk = rms(qkv[:, :, :split], w.qk_norm, w.qk_eps).transpose(1, 2)
+    qk = (qk * cos) + (qk.roll(w.half, -1) * sin_signed)
+    return qk[:, :w.heads], qk[:, w.heads:], qkv[:, :, split:].transpose(1, 2)
+
+
 def _rms_fp32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
@@ -166,11 +176,7 @@ class DecodeStep:
         if w.wqkv is not None:
             # one matmul for q | k | v, one norm and one rotation for q | k: per element the same
             # operations as below (the norm weight is per head), so the same bits
-            qkv = lin(x, w.wqkv, w.bqkv).view(x.shape[0], x.shape[1], -1, w.head_dim)
-            split = w.heads + w.kv_heads
-            qk = rms(qkv[:, :, :split], w.qk_norm, w.qk_eps).transpose(1, 2)
-            qk = (qk * cos) + (qk.roll(w.half, -1) * sin_signed)
-            return qk[:, :w.heads], qk[:, w.heads:], qkv[:, :, split:].transpose(1, 2)
+            return split_qkv(w, lin(x, w.wqkv, w.bqkv), rms, cos, sin_signed)
         shape = (x.shape[0], x.shape[1], -1, w.head_dim)
         q = rms(lin(x, w.wq, w.bq).view(shape), w.q_norm, w.qk_eps).transpose(1, 2)
         k = rms(lin(x, w.wk, w.bk).view(shape), w.k_norm, w.qk_eps).transpose(1, 2)

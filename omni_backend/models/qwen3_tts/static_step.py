@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from omni_backend.engine.counter_rng import uniform
 
-from .decode_step import LayerWeights, _rms_cast, _rms_fp32, signed_sin
+from .decode_step import LayerWeights, _rms_cast, _rms_fp32, signed_sin, split_qkv
 
 __all__ = ["StaticFrameStep"]
 
@@ -162,11 +162,7 @@ class StaticFrameStep:
     # -- pieces
     def _qkv(self, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         if w.wqkv is not None:   # one GEMM for q | k | v, one norm and one rotation for q | k
-            qkv = F.linear(x, w.wqkv, w.bqkv).view(x.shape[0], x.shape[1], -1, w.head_dim)
-            split = w.heads + w.kv_heads
-            qk = self.rms(qkv[:, :, :split], w.qk_norm, w.qk_eps).transpose(1, 2)
-            qk = (qk * cos) + (qk.roll(w.half, -1) * sin)
-            return qk[:, :w.heads], qk[:, w.heads:], qkv[:, :, split:].transpose(1, 2)
+            return split_qkv(w, F.linear(x, w.wqkv, w.bqkv), self.rms, cos, sin)
         shape = (x.shape[0], x.shape[1], -1, w.head_dim)
         q = self.rms(F.linear(x, w.wq, w.bq).view(shape), w.q_norm, w.qk_eps).transpose(1, 2)
         k = self.rms(F.linear(x, w.wk, w.bk).view(shape), w.k_norm, w.qk_eps).transpose(1, 2)
