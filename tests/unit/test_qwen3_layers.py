@@ -27,6 +27,23 @@ def test_linear_rows_equal_single_row(k, n, rows, bias):
     assert torch.allclose(BatchInvariantOps(enabled=False).linear(x, weight, b), out, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch, rows", [(2, 1), (3, 1), (2, 2), (4, 1)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_plain_linear_pads_few_rows_to_the_gemm_kernel(batch, rows, bias):
+    """With batch invariance off, 2-3 rows go through MKL's 4-row kernel: same shape and values
+    as ``F.linear`` (to rounding), and each row as computed among 4 rows."""
+    g = torch.Generator().manual_seed(2)
+    weight = torch.randn(96, 64, generator=g) / 8
+    b = torch.randn(96, generator=g) if bias else None
+    x = torch.randn(batch, rows, 64, generator=g)
+    out = BatchInvariantOps(enabled=False).linear(x, weight, b)
+    assert out.shape == (batch, rows, 96)
+    assert torch.allclose(out, F.linear(x, weight, b), atol=1e-5)
+    if batch * rows < BatchInvariantOps.MIN_GEMM_ROWS:
+        block = torch.cat([x.reshape(-1, 64), torch.randn(4 - batch * rows, 64, generator=g)])
+        assert torch.equal(out.reshape(-1, 96), F.linear(block, weight, b)[:batch * rows])
+
+
 @pytest.mark.parametrize("width", [96, 128, 136, 100])
 @pytest.mark.parametrize("positions", [1, 2])
 def test_elementwise_rows_equal_single_row(width, positions):
