@@ -15,11 +15,12 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+import warnings
 from typing import Callable, Hashable, Iterable, Optional
 
 import torch
 
-__all__ = ["GraphBuckets", "bucket_sizes"]
+__all__ = ["GraphBuckets", "bucket_sizes", "capture_graph"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,39 @@ def bucket_sizes(sizes: Iterable[int], max_rows: int) -> list[int]:
     return sorted(out | {max_rows})
 
 
+def capture_graph(fn: Callable[[], object], pool, stream: "torch.cuda.Stream",
+                  warmup: int) -> tuple["torch.cuda.CUDAGraph", object]:
+    """``fn`` run ``warmup`` times on the side ``stream``, then captured into a new CUDA graph
+    that allocates from ``pool``. Returns the graph and ``fn``'s output (static: replays rewrite
+    it). Call under ``torch.cuda.device(...)`` of the tensors ``fn`` uses: kernels on another
+    device than the current one are not recorded, and the graph would replay as nothing.
+
+    Raises if the capture fails or records nothing; the thread's current stream is then restored
+    (when ending a failed capture raises, ``torch.cuda.graph`` leaves its capture stream current)."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    previous = torch.cuda.current_stream()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.cuda.graph(graph, pool=pool):
+                out = fn()
+    except BaseException:
+        torch.cuda.set_stream(previous)
+        raise
+    for warning in caught:
+        if "graph is empty" in str(warning.message).lower():
+            raise RuntimeError(f"captured an empty CUDA graph ({warning.message}): the step ran on another "
+                               "device than the current one")
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return graph, out
+
+
 class GraphBuckets:
     """``step(batch, *variant)`` captured per (bucket, variant).
 
@@ -44,8 +78,10 @@ class GraphBuckets:
     only vs sampling); each is captured for every bucket."""
 
     def __init__(self, step: Callable[..., None], sizes: Iterable[int], max_rows: int,
-                 variants: Iterable[tuple] = ((),), enabled: bool = True, warmup: int = 2) -> None:
+                 variants: Iterable[tuple] = ((),), enabled: bool = True, warmup: int = 2,
+                 device: "torch.device | str | None" = None) -> None:
         self.step = step
+        self.device = device  # the CUDA device the step runs on (None: the current one)
         self.sizes = bucket_sizes(sizes, max_rows)
         self.variants = [tuple(v) for v in variants]
         self.enabled = enabled
@@ -68,23 +104,16 @@ class GraphBuckets:
         if not self.enabled:
             return
         started = time.perf_counter()
-        self._pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        for size in reversed(self.sizes):
-            for variant in self.variants:
-                if prepare is not None:
-                    prepare(size)
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    for _ in range(self.warmup):
-                        self.step(size, *variant)
-                torch.cuda.current_stream().wait_stream(stream)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool):
-                    self.step(size, *variant)
-                torch.cuda.synchronize()
-                self.graphs[(size, variant)] = graph
+        with torch.cuda.device(self.device):
+            self._pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream()
+            for size in reversed(self.sizes):
+                for variant in self.variants:
+                    if prepare is not None:
+                        prepare(size)
+                    self.graphs[(size, variant)], _ = capture_graph(lambda: self.step(size, *variant), self._pool,
+                                                                    stream, self.warmup)
+            torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - started
         logger.info("captured %d CUDA graphs (buckets %s, %d variants) in %.2f s", len(self.graphs), self.sizes,
                     len(self.variants), self.capture_seconds)
@@ -97,5 +126,6 @@ class GraphBuckets:
         if graph is None:
             self.step(size, *variant)
         else:
-            graph.replay()
+            with torch.cuda.device(self.device):  # the engine thread's current device may be another
+                graph.replay()
         return size

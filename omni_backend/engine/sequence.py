@@ -64,8 +64,8 @@ class SamplingParams:
                 raise SamplingParamsError(prefix + "top_k", f"must be an integer >= 0, got {top_k!r}")
             if not (0.0 < top_p <= 1.0):
                 raise SamplingParamsError(prefix + "top_p", f"must be in (0, 1], got {top_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise SamplingParamsError("seed", f"must be an integer >= 0, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63):
+            raise SamplingParamsError("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         return self
 
 

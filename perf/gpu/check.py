@@ -29,6 +29,7 @@ import gc
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -275,6 +276,73 @@ stages:
 # --------------------------------------------------------------------------- main
 
 
+class Stopped(BaseException):
+    """SIGTERM (the ``timeout`` guard in check.sh): report what was measured so far. Not an
+    ``Exception``, so no ``except Exception`` on the way (the engine's step has one) swallows it."""
+
+
+@dataclasses.dataclass
+class CheckReport:
+    """What the check measured so far; every field has a value meaning "not reached"."""
+    dry: bool
+    small: str
+    big: str
+    device: str
+    dtype: str
+    gpu: str
+    frames: int
+    parity: dict = dataclasses.field(default_factory=lambda: {"ok": False, "levels": [], "capture_s": float("nan"),
+                                                              "graphs": 0})
+    memory: dict = dataclasses.field(default_factory=lambda: {"max_model_len": "-", "kv_cache_gib": float("nan")})
+    buckets: list = dataclasses.field(default_factory=list)
+    capture_s: float = float("nan")
+    codec_graphs: int = 0
+    codec_capture_s: float = float("nan")
+    codec_parity: float = float("nan")
+    eager_step: dict = dataclasses.field(default_factory=lambda: {1: float("nan"), 4: float("nan")})
+    rows: list = dataclasses.field(default_factory=list)
+    served_status: str = "not reached"
+    problems: list = dataclasses.field(default_factory=list)
+
+    def markdown(self, total_s: float) -> str:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        memory = self.memory
+        lines = [f"## Qwen3-TTS GPU check ({'DRY RUN, ' if self.dry else ''}{self.small} / {self.big} random "
+                 f"weights), {stamp}", "",
+                 f"Machine: {self.gpu}, torch {torch.__version__}, python {platform.python_version()}, device "
+                 f"{self.device}, AR dtype {self.dtype}, code2wav float32. Command: "
+                 f"`perf/gpu/check.sh{' --dry-run' if self.dry else ''}` ({total_s:.0f} s). {self.frames} frames per "
+                 "request (random weights never stop), chunk schedule 2 / 25 / 72, code2wav windows decoded in the "
+                 "engine loop (serial, in-process).", "",
+                 f"Parity (greedy and seeded sampling, graphs vs enforce_eager, {self.big}): "
+                 + (", ".join(f"c={lv['concurrency']}{' sampled' if lv.get('sample') else ''} "
+                              f"{'equal' if lv['equal'] else 'DIFFERENT'}" for lv in self.parity["levels"])
+                    or "not measured")
+                 + f"; capture {self.parity['capture_s']:.1f} s.", "",
+                 f"Memory ({self.small} pipeline, max_num_seqs 16, max_model_len {memory['max_model_len']}, "
+                 "16 streams): "
+                 + (f"max allocated {memory['max_allocated_gib']:.2f} GiB (reserved "
+                    f"{memory['max_reserved_gib']:.2f} GiB), " if "max_allocated_gib" in memory else "")
+                 + f"of which KV cache {memory['kv_cache_gib']:.2f} GiB.", "",
+                 f"Engine load + capture + warm-up for buckets {self.buckets}: {self.capture_s:.1f} s; code2wav "
+                 f"graphs {self.codec_graphs} in {self.codec_capture_s:.1f} s (graph vs eager max abs diff "
+                 f"{self.codec_parity:.3g}). Eager step (no graphs): c=1 {self.eager_step[1]:.2f} ms, "
+                 f"c=4 {self.eager_step[4]:.2f} ms.", "",
+                 "| c | TTFA p50 ms | TTFA p95 ms | RTF p50 | audio s/s | step ms (c frames) |",
+                 "|---|---|---|---|---|---|"]
+        for r in self.rows:
+            lines.append(f"| {r['concurrency']} | {r['ttfa_p50_ms']:.1f} | {r['ttfa_p95_ms']:.1f} | "
+                         f"{r['rtf_p50']:.3f} | {r['audio_s_per_s']:.1f} | {r['step_ms']:.2f} |")
+        lines += ["", f"Served (tritonserver): {self.served_status}. {GOALS}.", ""]
+        if self.problems:
+            lines.insert(2, "**Problems: " + "; ".join(self.problems) + "**\n")
+        return "\n".join(lines)
+
+
+def _stop(signum, frame) -> None:
+    raise Stopped()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, small concurrencies: test the logic")
@@ -294,57 +362,82 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device visible to torch; use --dry-run for the CPU logic check", file=sys.stderr)
         return 2
     dtype = "float32" if device == "cpu" else "bfloat16"
-    concurrency = [int(c) for c in (args.concurrency or ("1,2,4" if dry else "1,4,8,16,32,64")).split(",")]
-    frames = args.frames or (8 if dry else 100)
     small, big = ("tiny", "tiny2") if dry else ("0.6b", "1.7b")
+    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else platform.processor() or platform.machine()
+    report = CheckReport(dry, small, big, device, dtype, gpu, args.frames or (8 if dry else 100))
+    log(f"device {device} ({gpu}), torch {torch.__version__}, python {platform.python_version()}, dtype {dtype}")
+    started = time.perf_counter()
+    # check.sh's `timeout` sends SIGTERM: the report below still gets written, with what was measured
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        run_checks(args, report)
+    except Stopped:
+        report.problems.append(f"stopped by SIGTERM (timeout) after {time.perf_counter() - started:.0f} s: "
+                               "later steps were not measured")
+        log(report.problems[-1])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    text = report.markdown(time.perf_counter() - started)
+    print("\n" + text)
+    if not args.no_results:
+        with open(args.results, "a", encoding="utf-8") as handle:
+            handle.write("\n" + text)
+        log(f"appended to {args.results}")
+    return 1 if report.problems else 0
+
+
+def run_checks(args: argparse.Namespace, report: CheckReport) -> None:
+    dry, device, dtype, small, big, frames = (report.dry, report.device, report.dtype, report.small, report.big,
+                                              report.frames)
+    problems = report.problems
+    concurrency = [int(c) for c in (args.concurrency or ("1,2,4" if dry else "1,4,8,16,32,64")).split(",")]
     graph_sizes = sorted({1, 2, 4, 8, 16, 32, 64} | set(concurrency))
     schedule = CodecChunkSchedule(2, 25, 72)
     # the static step attends over the whole slot (length-masked): use a serving-size cache, not a tight one
     max_model_len = 128 + frames if dry else 1024
-    gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or platform.machine()
-    log(f"device {device} ({gpu}), torch {torch.__version__}, python {platform.python_version()}, dtype {dtype}")
     if device == "cpu":
         torch.set_num_threads(1)  # a dry run checks logic; spinning OpenMP threads on a busy box only add noise
     else:
         torch.backends.cuda.matmul.allow_tf32 = False
-    started = time.perf_counter()
-    problems: list[str] = []
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         dirs = write_checkpoints(work, [small, big])
 
-        # 2. parity (1.7B shape): graphs vs enforce_eager, buckets 1, 2, 4 with c = 1, 3 (padded), 4
-        log("parity: greedy codes with CUDA graphs vs the same step eager")
+        # 2. parity (1.7B shape): graphs vs enforce_eager, buckets 1, 2, 4 with c = 1, 3 (padded), 4,
+        # greedy and with seeded sampling (the in-graph noise)
+        log("parity: codes with CUDA graphs vs the same step eager")
         try:
-            parity = greedy_graph_parity(dirs[big], device=device, dtype=dtype, concurrency=(1, 3, 4),
-                                         frames=min(frames, 24), cuda_graph_sizes=[1, 2, 4],
-                                         max_model_len=max_model_len)
+            report.parity = greedy_graph_parity(dirs[big], device=device, dtype=dtype, concurrency=(1, 3, 4),
+                                                frames=min(frames, 24), cuda_graph_sizes=[1, 2, 4],
+                                                max_model_len=max_model_len, sample_concurrency=(3,))
         except Exception as exc:  # report it and go on to the benchmarks
             log(f"  parity check raised {type(exc).__name__}: {exc}")
-            parity = {"ok": False, "levels": [], "capture_s": float("nan"), "graphs": 0}
+            problems.append(f"parity check raised {type(exc).__name__}: {exc}")
+        parity = report.parity
         if device.startswith("cuda") and parity["graphs"] == 0:
             problems.append("no CUDA graph was captured (capture failed: see the log; the engine ran eagerly)")
         for level in parity["levels"]:
-            log(f"  c={level['concurrency']}: {level['frames']} frames, equal={level['equal']}"
+            log(f"  c={level['concurrency']}{' sampled' if level.get('sample') else ''}: {level['frames']} frames, "
+                f"equal={level['equal']}"
                 + (f" (first mismatch: {level['first_mismatch']})" if level["first_mismatch"] else ""))
-        if not parity["ok"]:
-            problems.append("graph vs eager greedy parity FAILED")
+        if parity["levels"] and not parity["ok"]:
+            problems.append("graph vs eager parity FAILED")
         log(f"  capture + warm-up: {parity['capture_s']:.2f} s for {parity['graphs']} graphs")
 
         # 3. memory (0.6B pipeline, max_num_seqs 16)
         log(f"memory: {small} pipeline, max_num_seqs 16, 16 streams")
+        report.memory["max_model_len"] = max_model_len if dry else 2048
         try:
-            memory = memory_check(dirs[small], device, dtype, frames, schedule, max_model_len if dry else 2048,
-                                  [1, 2, 4, 8, 16])
+            report.memory = memory_check(dirs[small], device, dtype, frames, schedule,
+                                         max_model_len if dry else 2048, [1, 2, 4, 8, 16])
         except Exception as exc:  # report it and go on to the benchmark
             problems.append(f"memory check raised {type(exc).__name__}: {exc}")
-            memory = {"max_model_len": max_model_len if dry else 2048, "kv_cache_gib": float("nan")}
         gc.collect()
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-        log("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in memory.items()))
+        log("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in report.memory.items()))
 
         # 4. in-process benchmark (1.7B)
         log(f"in-process: {big}, c={concurrency}, {frames} frames per request")
@@ -352,8 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = create_engine(dirs[big], max_num_seqs=max(concurrency), max_model_len=max_model_len, dtype=dtype,
                                device=device, cuda_graph_sizes=graph_sizes, max_prefills_per_step=max(concurrency),
                                static_step=_static(device))
-        capture_s = time.perf_counter() - started_load
-        buckets = engine.runner.graphs.sizes if engine.runner.graphs is not None else []
+        report.capture_s = time.perf_counter() - started_load
+        report.buckets = engine.runner.graphs.sizes if engine.runner.graphs is not None else []
         decoder = Code2Wav.from_checkpoint(os.path.join(dirs[big], "speech_tokenizer"), device=device)
         codec_graphs = Code2WavGraphs(decoder, windows=schedule.full_window_shapes(), batch_sizes=graph_sizes,
                                       enabled=device.startswith("cuda") or dry)
@@ -364,14 +457,14 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # optional: fall back to the eager decoder
                 problems.append(f"code2wav graph capture failed ({type(exc).__name__}: {exc})")
                 codec_graphs.graphs.clear()
-        codec_capture_s = time.perf_counter() - started_codec
-        log(f"  code2wav graphs: {len(codec_graphs.graphs)} captured in {codec_capture_s:.1f} s")
-        codec_parity = codec_graph_parity(decoder, codec_graphs, schedule)
-        log(f"  code2wav graph vs eager (same padded batch): max abs diff {codec_parity:.3g}")
-        if codec_parity != 0:
-            problems.append(f"code2wav graph vs eager differ by {codec_parity:.3g}")
+        report.codec_capture_s = time.perf_counter() - started_codec
+        report.codec_graphs = len(codec_graphs.graphs)
+        log(f"  code2wav graphs: {report.codec_graphs} captured in {report.codec_capture_s:.1f} s")
+        report.codec_parity = codec_graph_parity(decoder, codec_graphs, schedule)
+        log(f"  code2wav graph vs eager (same padded batch): max abs diff {report.codec_parity:.3g}")
+        if report.codec_parity != 0:
+            problems.append(f"code2wav graph vs eager differ by {report.codec_parity:.3g}")
         run_pipeline(engine, decoder, schedule, 1, 4, device, "warm", codec_graphs)
-        rows = []
         for c in concurrency:
             try:
                 row = run_pipeline(engine, decoder, schedule, c, frames, device, f"c{c}", codec_graphs)
@@ -380,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
                 problems.append(f"in-process c={c} raised {type(exc).__name__}: {exc}")
                 log(f"  c={c}: {problems[-1]}")
                 break
-            rows.append(row)
+            report.rows.append(row)
             log(f"  c={c}: TTFA p50 {row['ttfa_p50_ms']:.1f} ms p95 {row['ttfa_p95_ms']:.1f} ms, "
                 f"RTF p50 {row['rtf_p50']:.3f}, {row['audio_s_per_s']:.1f} audio s/s, step {row['step_ms']:.2f} ms")
         del engine
@@ -388,54 +481,21 @@ def main(argv: list[str] | None = None) -> int:
             eager = create_engine(dirs[big], max_num_seqs=4, max_model_len=max_model_len, dtype=dtype,
                                   device=device, cuda_graph_sizes=[1, 4], enforce_eager=True,
                                   static_step=_static(device))
-            eager_step = {c: step_ms(eager, c, min(frames, 40), device) for c in (1, 4)}
+            report.eager_step = {c: step_ms(eager, c, min(frames, 40), device) for c in (1, 4)}
             del eager
         except Exception as exc:
             problems.append(f"eager step raised {type(exc).__name__}: {exc}")
-            eager_step = {1: float("nan"), 4: float("nan")}
-        log(f"  eager (no graphs) step: c=1 {eager_step[1]:.2f} ms, c=4 {eager_step[4]:.2f} ms")
+        log(f"  eager (no graphs) step: c=1 {report.eager_step[1]:.2f} ms, c=4 {report.eager_step[4]:.2f} ms")
         del decoder
 
         # 5. served
-        served_status = "skipped (--no-served or dry run)"
+        report.served_status = "skipped (--no-served or dry run)"
         if not args.no_served and not dry:
-            served_status = served(dirs[big], work, [c for c in concurrency if c <= 16], frames,
-                                   args.results if not args.no_results else os.devnull, args.served_timeout)
-        log(f"served: {served_status}")
-
-    total = time.perf_counter() - started
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"## Qwen3-TTS GPU check ({'DRY RUN, ' if dry else ''}{small} / {big} random weights), {stamp}", "",
-             f"Machine: {gpu}, torch {torch.__version__}, python {platform.python_version()}, device {device}, "
-             f"AR dtype {dtype}, code2wav float32. Command: `perf/gpu/check.sh{' --dry-run' if dry else ''}` "
-             f"({total:.0f} s). {frames} frames per request (random weights never stop), chunk schedule 2 / 25 / 72, "
-             f"code2wav windows decoded in the engine loop (serial, in-process).", "",
-             f"Parity (greedy, graphs vs enforce_eager, {big}): "
-             + ", ".join(f"c={lv['concurrency']} {'equal' if lv['equal'] else 'DIFFERENT'}" for lv in parity["levels"])
-             + f"; capture {parity['capture_s']:.1f} s.", "",
-             f"Memory ({small} pipeline, max_num_seqs 16, max_model_len {memory['max_model_len']}, 16 streams): "
-             + (f"max allocated {memory['max_allocated_gib']:.2f} GiB (reserved {memory['max_reserved_gib']:.2f} GiB), "
-                if "max_allocated_gib" in memory else "")
-             + f"of which KV cache {memory['kv_cache_gib']:.2f} GiB.", "",
-             f"Engine load + capture + warm-up for buckets {buckets}: {capture_s:.1f} s; code2wav graphs "
-             f"{len(codec_graphs.graphs)} in {codec_capture_s:.1f} s (graph vs eager max abs diff {codec_parity:.3g}). "
-             f"Eager step (no graphs): "
-             f"c=1 {eager_step[1]:.2f} ms, c=4 {eager_step[4]:.2f} ms.", "",
-             "| c | TTFA p50 ms | TTFA p95 ms | RTF p50 | audio s/s | step ms (c frames) |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['concurrency']} | {r['ttfa_p50_ms']:.1f} | {r['ttfa_p95_ms']:.1f} | {r['rtf_p50']:.3f} | "
-                     f"{r['audio_s_per_s']:.1f} | {r['step_ms']:.2f} |")
-    lines += ["", f"Served (tritonserver): {served_status}. {GOALS}.", ""]
-    if problems:
-        lines.insert(2, "**Problems: " + "; ".join(problems) + "**\n")
-    text = "\n".join(lines)
-    print("\n" + text)
-    if not args.no_results:
-        with open(args.results, "a", encoding="utf-8") as handle:
-            handle.write("\n" + text)
-        log(f"appended to {args.results}")
-    return 1 if problems else 0
+            report.served_status = "running"
+            report.served_status = served(dirs[big], work, [c for c in concurrency if c <= 16], frames,
+                                          args.results if not args.no_results else os.devnull,
+                                          args.served_timeout)
+        log(f"served: {report.served_status}")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,9 @@ def test_request_errors(cv):
                           ("temperature", SamplingParams(temperature=0.0)),
                           ("subtalker_top_p", SamplingParams(subtalker_top_p=1.5)),
                           ("top_k", SamplingParams(top_k=-1)),
-                          ("repetition_penalty", SamplingParams(repetition_penalty=0.0))):
+                          ("repetition_penalty", SamplingParams(repetition_penalty=0.0)),
+                          ("seed", SamplingParams(seed=-1)),
+                          ("seed", SamplingParams(seed=2 ** 63))):  # the static step keeps seeds as int64
         with pytest.raises(SamplingParamsError) as info:
             engine.add_request("bad", _prompt(cv), params)
         assert info.value.field == field and isinstance(info.value, ValueError)

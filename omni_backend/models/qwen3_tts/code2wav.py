@@ -397,23 +397,17 @@ class Code2WavGraphs:
     def capture(self) -> None:
         if not self.enabled:
             return
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
+        from omni_backend.engine.cuda_graphs import capture_graph
+
         largest = self.batch_sizes[-1]
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.cuda.device(self.model.device):
+            pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream()
             for frames, skip in self.windows:
                 codes = torch.zeros(largest, self.model.num_quantizers, frames, dtype=torch.long,
                                     device=self.model.device)
                 for size in reversed(self.batch_sizes):
-                    view = codes[:size]
-                    stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(stream):
-                        for _ in range(self.warmup):
-                            self.model(view, skip)
-                    torch.cuda.current_stream().wait_stream(stream)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
-                        audio = self.model(view, skip)
+                    graph, audio = capture_graph(lambda: self.model(codes[:size], skip), pool, stream, self.warmup)
                     self.graphs[(size, frames, skip)] = (graph, codes, audio)
             torch.cuda.synchronize()
 
@@ -430,5 +424,6 @@ class Code2WavGraphs:
         buffer[:batch].copy_(codes)
         if size > batch:
             buffer[batch:size].zero_()
-        graph.replay()
+        with torch.cuda.device(self.model.device):
+            graph.replay()
         return audio[:batch].clone()

@@ -232,7 +232,7 @@ class Qwen3TTSRunner(ModelRunner):
         self._row_owner: list[Optional[Sequence]] = [None] * self.max_num_seqs
         # variants: (sample,) False = every row greedy (no sort / softmax in the graph)
         self.graphs = GraphBuckets(self.static.run, sizes, self.max_num_seqs, variants=((False,), (True,)),
-                                   enabled=enabled)
+                                   enabled=enabled, device=self.checkpoint.device)
         with torch.inference_mode():
             try:
                 self.graphs.capture(prepare=self._idle_rows)
