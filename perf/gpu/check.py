@@ -393,7 +393,7 @@ def run_checks(args: argparse.Namespace, report: CheckReport) -> None:
     concurrency = [int(c) for c in (args.concurrency or ("1,2,4" if dry else "1,4,8,16,32,64")).split(",")]
     graph_sizes = sorted({1, 2, 4, 8, 16, 32, 64} | set(concurrency))
     schedule = CodecChunkSchedule(2, 25, 72)
-    # the static step attends over the whole slot (length-masked): use a serving-size cache, not a tight one
+    # a serving-size cache, not a tight one: the step's attention length buckets go up to it
     max_model_len = 128 + frames if dry else 1024
     if device == "cpu":
         torch.set_num_threads(1)  # a dry run checks logic; spinning OpenMP threads on a busy box only add noise

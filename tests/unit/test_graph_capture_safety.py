@@ -49,8 +49,9 @@ def test_meta_device_rejects_host_reads():
 @pytest.mark.parametrize("size", ["1.7b", "0.6b"])
 def test_static_frame_step_has_no_host_sync(size):
     step = _meta_static_step(size, rows=4, max_len=64)
-    for batch, sample in ((3, False), (4, True)):   # a padded bucket greedy, a full one sampling
-        step.run(batch, sample)
+    # a padded bucket greedy, a full one sampling, over a length bucket and the whole slot
+    for batch, sample, length in ((3, False, 32), (4, True, None)):
+        step.run(batch, sample, length)
     assert step.codes.device == META and step.codes.shape == (4, 17)
 
 

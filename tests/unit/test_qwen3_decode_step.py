@@ -95,7 +95,7 @@ def _requests(checkpoint, params, n=4):
 
 
 def test_static_step_greedy_on_cpu(qwen3_tiny_cv, qwen3_loaded):
-    """Not the reference-exact path (masked attention over the whole slot), but on the tiny
+    """Not the reference-exact path (masked attention over a length bucket), but on the tiny
     model its greedy codes agree with it; the frame counts follow max_new_tokens."""
     checkpoint = qwen3_loaded(qwen3_tiny_cv)
     greedy = lambda i: SamplingParams.greedy(max_new_tokens=8 + i)  # noqa: E731
@@ -106,6 +106,23 @@ def test_static_step_greedy_on_cpu(qwen3_tiny_cv, qwen3_loaded):
     got = static.generate(_requests(checkpoint, greedy))
     assert {k: len(v) for k, v in got.items()} == {f"r{i}": 7 + i for i in range(4)}
     assert got == exact
+
+
+def test_static_step_attends_over_length_buckets(qwen3_tiny_cv, qwen3_loaded, monkeypatch):
+    """The step attends over the shortest captured length holding the batch's furthest position:
+    as requests grow they move through the buckets, and the codes stay those of the exact path."""
+    checkpoint = qwen3_loaded(qwen3_tiny_cv)
+    greedy = lambda i: SamplingParams.greedy(max_new_tokens=40 + 7 * i)  # noqa: E731
+    exact = create_engine(checkpoint, max_num_seqs=4, max_model_len=128).generate(_requests(checkpoint, greedy))
+    static = create_engine(checkpoint, max_num_seqs=4, max_model_len=128, static_step=True, cuda_graph_sizes=[1, 4],
+                           shortest_attention=16)
+    assert static.runner.lengths == [16, 32, 64, 128]
+    used, run = [], static.runner.graphs.run
+    monkeypatch.setattr(static.runner.graphs, "run", lambda rows, sample, length: used.append(length) or
+                        run(rows, sample, length))
+    got = static.generate(_requests(checkpoint, greedy))
+    assert got == exact
+    assert used == sorted(used) and {32, 64, 128} <= set(used)  # never shorter than a row's position
 
 
 @pytest.mark.parametrize("fixture", ["qwen3_tiny_cv", "qwen3_tiny2_cv"])

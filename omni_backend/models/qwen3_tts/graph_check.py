@@ -48,10 +48,11 @@ def _requests(checkpoint: Qwen3TTSCheckpoint, count: int, frames: int, tag: str,
 def greedy_graph_parity(checkpoint: Qwen3TTSCheckpoint | str, device: str = "cuda", dtype: str | torch.dtype = "bfloat16",
                         concurrency: Iterable[int] = (1, 3, 4), frames: int = 24,
                         cuda_graph_sizes: Optional[Iterable[int]] = None, max_model_len: int = 512,
-                        sample_concurrency: Iterable[int] = ()) -> dict:
+                        sample_concurrency: Iterable[int] = (), shortest_attention: int = 16) -> dict:
     """Returns ``{"ok": bool, "levels": [{"concurrency", "sample", "frames", "equal", "first_mismatch"}...],
     "capture_s": seconds}``: greedy at each of ``concurrency``, seeded sampling at each of
-    ``sample_concurrency``. Levels that are not a bucket size exercise padding."""
+    ``sample_concurrency``. Levels that are not a bucket size exercise padding; attention length
+    buckets from ``shortest_attention`` (short, so that short requests cross several)."""
     if isinstance(checkpoint, str):
         checkpoint = load_checkpoint(checkpoint, dtype=dtype, device=device)
     levels = [(c, False) for c in concurrency] + [(c, True) for c in sample_concurrency]
@@ -60,10 +61,12 @@ def greedy_graph_parity(checkpoint: Qwen3TTSCheckpoint | str, device: str = "cud
     static = checkpoint.device.type != "cuda" or None
     started = time.perf_counter()
     graphed = create_engine(checkpoint, max_num_seqs=max_seqs, max_model_len=max_model_len,
-                            cuda_graph_sizes=sizes, static_step=static, max_prefills_per_step=max_seqs)
+                            cuda_graph_sizes=sizes, static_step=static, max_prefills_per_step=max_seqs,
+                            shortest_attention=shortest_attention)
     capture_s = time.perf_counter() - started
     eager = create_engine(checkpoint, max_num_seqs=max_seqs, max_model_len=max_model_len, cuda_graph_sizes=sizes,
-                          enforce_eager=True, static_step=static, max_prefills_per_step=max_seqs)
+                          enforce_eager=True, static_step=static, max_prefills_per_step=max_seqs,
+                          shortest_attention=shortest_attention)
     report = {"ok": True, "levels": [], "capture_s": capture_s,
               "graphs": len(getattr(graphed.runner.graphs, "graphs", {}) or {})}
     for c, sample in levels:

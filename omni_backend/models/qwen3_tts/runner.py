@@ -27,6 +27,7 @@ The caches are static (allocated once for ``max_num_seqs`` slots). Two step impl
 """
 from __future__ import annotations
 
+import bisect
 import logging
 from dataclasses import dataclass
 from typing import Optional, Sequence as Seq
@@ -41,7 +42,7 @@ from .config import GenerationDefaults
 from .decode_step import DecodeStep
 from .layers import BatchInvariantOps
 from .prompt import PromptError, Qwen3Prompt, embed_prompt
-from .static_step import StaticFrameStep
+from .static_step import SHORTEST_LENGTH_BUCKET, StaticFrameStep, length_buckets
 
 __all__ = ["Qwen3TTSRunner", "create_engine", "sampling_params_from_defaults"]
 
@@ -85,7 +86,8 @@ class Qwen3TTSRunner(ModelRunner):
 
     def __init__(self, checkpoint: Qwen3TTSCheckpoint, max_num_seqs: int = 8, max_model_len: int = 2048,
                  batch_invariant: bool = True, static_step: Optional[bool] = None,
-                 cuda_graph_sizes: Seq[int] = (1, 2, 4, 8, 16), enforce_eager: bool = False) -> None:
+                 cuda_graph_sizes: Seq[int] = (1, 2, 4, 8, 16), enforce_eager: bool = False,
+                 shortest_attention: int = SHORTEST_LENGTH_BUCKET) -> None:
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         self.talker = checkpoint.talker
@@ -105,7 +107,8 @@ class Qwen3TTSRunner(ModelRunner):
         self.static: Optional[StaticFrameStep] = None
         self.graphs = None
         if static_step if static_step is not None else device.type == "cuda":
-            self._init_static(cuda_graph_sizes, enabled=device.type == "cuda" and not enforce_eager)
+            self._init_static(cuda_graph_sizes, enabled=device.type == "cuda" and not enforce_eager,
+                              shortest_attention=shortest_attention)
 
     # -- engine interface
     def check(self, prompt: Qwen3Prompt, params: SamplingParams) -> None:
@@ -220,7 +223,7 @@ class Qwen3TTSRunner(ModelRunner):
             outputs[b] = StepOutput(seq, frames[b], False, None)
 
     # -- static step (CUDA graphs)
-    def _init_static(self, sizes: Seq[int], enabled: bool) -> None:
+    def _init_static(self, sizes: Seq[int], enabled: bool, shortest_attention: int) -> None:
         from omni_backend.engine.cuda_graphs import GraphBuckets
 
         t = self.config.talker
@@ -230,8 +233,11 @@ class Qwen3TTSRunner(ModelRunner):
         self.static = StaticFrameStep(self.talker, self.cache, self.cp_cache, self.rotary, self.cp_rotary,
                                       self.max_num_seqs, self.max_model_len, self.eos_id, t.suppressed_codec_ids)
         self._row_owner: list[Optional[Sequence]] = [None] * self.max_num_seqs
-        # variants: (sample,) False = every row greedy (no sort / softmax in the graph)
-        self.graphs = GraphBuckets(self.static.run, sizes, self.max_num_seqs, variants=((False,), (True,)),
+        # variants: (sample, attention length): sample False = every row greedy (no sort / softmax
+        # in the graph); the length bucket holds the batch's furthest position
+        self.lengths = length_buckets(self.max_model_len, shortest_attention)
+        self.graphs = GraphBuckets(self.static.run, sizes, self.max_num_seqs,
+                                   variants=[(sample, length) for sample in (False, True) for length in self.lengths],
                                    enabled=enabled, device=self.checkpoint.device)
         with torch.inference_mode():
             try:
@@ -272,7 +278,8 @@ class Qwen3TTSRunner(ModelRunner):
         static.generated[:size].copy_(torch.tensor(generated, dtype=torch.long))
         static.text.index_copy_(0, torch.tensor(text_rows, dtype=torch.long, device=device),
                                 torch.stack(texts).to(static.text.dtype))
-        self.graphs.run(rows, sample)
+        length = self.lengths[bisect.bisect_right(self.lengths, max(position))]  # > every position
+        self.graphs.run(rows, sample, length)
         result = static.codes[:size].tolist()
         outputs = []
         for seq in seqs:
@@ -300,10 +307,12 @@ def create_engine(checkpoint: Qwen3TTSCheckpoint | str, max_num_seqs: int = 8, m
                   num_threads: Optional[int] = None, dtype: torch.dtype | str = torch.float32,
                   device: torch.device | str = "cpu", max_prefills_per_step: int = 1,
                   batch_invariant: bool = True, cuda_graph_sizes: Optional[Seq[int]] = None,
-                  enforce_eager: bool = False, static_step: Optional[bool] = None) -> AREngine:
+                  enforce_eager: bool = False, static_step: Optional[bool] = None,
+                  shortest_attention: int = SHORTEST_LENGTH_BUCKET) -> AREngine:
     """An :class:`AREngine` over a checkpoint (a loaded one or a folder path). The engine's default
     sampling parameters are the checkpoint's ``generation_config.json``. On CUDA the decode step
-    is captured as CUDA graphs per ``cuda_graph_sizes`` bucket here, before the engine serves
+    is captured as CUDA graphs per ``cuda_graph_sizes`` bucket and attention length (doubling
+    from ``shortest_attention`` up to ``max_model_len``) here, before the engine serves
     (``enforce_eager`` runs the same static step without graphs)."""
     if num_threads is not None:
         torch.set_num_threads(int(num_threads))
@@ -312,6 +321,6 @@ def create_engine(checkpoint: Qwen3TTSCheckpoint | str, max_num_seqs: int = 8, m
     runner = Qwen3TTSRunner(checkpoint, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                             batch_invariant=batch_invariant, static_step=static_step,
                             cuda_graph_sizes=tuple(cuda_graph_sizes) if cuda_graph_sizes else (1, 2, 4, 8, 16),
-                            enforce_eager=enforce_eager)
+                            enforce_eager=enforce_eager, shortest_attention=shortest_attention)
     return AREngine(runner, max_prefills_per_step=max_prefills_per_step, num_threads=num_threads,
                     default_params=sampling_params_from_defaults(checkpoint.generation))

@@ -14,9 +14,11 @@ the host, so it can be captured once per batch-size bucket and replayed:
    :func:`~omni_backend.engine.counter_rng.uniform` from the request's seed and frame counter,
    so sampling stays reproducible per request, whatever it is batched with, with no host work);
 3. the next talker input (sum of the 16 codebook embeddings + the row's trailing-text
-   embedding) and one talker decode position per row, attending over its whole slot with a
-   length mask (static shapes; grouped-query heads are folded into the query length, so the
-   cache is never copied);
+   embedding) and one talker decode position per row, attending over the first ``length``
+   positions of its slot with a length mask (static shapes: ``length`` is a bucket from
+   :func:`length_buckets` holding every row's position, one graph per bucket, so a step reads the
+   cache up to the batch's furthest position rounded up, not the whole ``max_model_len``;
+   grouped-query heads are folded into the query length, so the cache is never copied);
 4. the reference's codebook-0 processors (repetition penalty over a per-slot ``seen`` mask,
    min-new-tokens, suppressed ids) and selection; ``pending`` / ``hidden`` / ``seen`` are
    updated in place for the next step.
@@ -38,7 +40,19 @@ from omni_backend.engine.counter_rng import uniform
 
 from .decode_step import LayerWeights, _rms_cast, _rms_fp32, signed_sin, split_qkv
 
-__all__ = ["StaticFrameStep"]
+__all__ = ["StaticFrameStep", "length_buckets"]
+
+SHORTEST_LENGTH_BUCKET = 256
+
+
+def length_buckets(max_model_len: int, shortest: int = SHORTEST_LENGTH_BUCKET) -> list[int]:
+    """Attention lengths a step is captured for: doubling from ``shortest``, and ``max_model_len``."""
+    out, length = [], shortest
+    while length < max_model_len:
+        out.append(length)
+        length *= 2
+    return out + [max_model_len]
+
 
 
 class StaticFrameStep:
@@ -134,10 +148,12 @@ class StaticFrameStep:
         self.min_new[row] = int(params.min_new_tokens)
 
     # ------------------------------------------------------------------ the captured step
-    def run(self, batch: int, sample: bool = True) -> None:
+    def run(self, batch: int, sample: bool = True, length: Optional[int] = None) -> None:
         """One frame for rows ``0..batch-1``: fills ``codes[:batch]`` with the 16 codebooks of the
         pending frame and the next codebook-0 token, and advances ``pending`` / ``hidden`` /
-        ``seen`` / the caches. ``sample=False`` leaves the sampling math out (every row greedy)."""
+        ``seen`` / the caches. ``sample=False`` leaves the sampling math out (every row greedy).
+        The talker attends over cache positions ``0..length-1`` (default: all); every row's
+        ``position`` must be below ``length``."""
         pending = self.pending[:batch]
         cb0_embed = F.embedding(pending.view(-1, 1), self.codec_embedding)          # [B, 1, H]
         cp_noise = talker_noise = None
@@ -148,7 +164,7 @@ class StaticFrameStep:
         codes = self._code_predictor(batch, self.hidden[:batch], cb0_embed, cp_noise)  # [B, 15]
         parts = [cb0_embed] + [F.embedding(codes[:, i:i + 1], w) for i, w in enumerate(self.cp_embeddings)]
         embeds = torch.cat(parts, dim=1).sum(1, keepdim=True) + self.text[:batch]
-        logits, hidden = self._talker(batch, embeds)
+        logits, hidden = self._talker(batch, embeds, self.max_len if length is None else length)
         scores = self._processors(batch, logits)
         token = self._select(scores, 0, batch, talker_noise)
         out = self.codes[:batch]
@@ -214,13 +230,13 @@ class StaticFrameStep:
             codes.append(self._select(logits, 1, batch, None if noise is None else noise[:, step]))
         return torch.stack(codes, dim=1)
 
-    def _talker(self, batch: int, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _talker(self, batch: int, embeds: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         position = self.position[:batch]
         cos = self.cos[position].view(batch, 1, 1, -1)
         sin = self.sin[position].view(batch, 1, 1, -1)
         rows = torch.arange(batch, device=self.device)
         # key j of row b is valid when j <= position[b]
-        mask = (self.key_index <= position.view(-1, 1, 1, 1))                 # [B, 1, 1, L]
+        mask = (self.key_index[..., :length] <= position.view(-1, 1, 1, 1))   # [B, 1, 1, length]
         groups = self.talker_groups
         hidden = embeds
         for index, w in enumerate(self.talker_layers):
@@ -231,8 +247,8 @@ class StaticFrameStep:
             kv_heads = keys.shape[1]
             # grouped query heads as query positions of their kv head: no copy of the cache
             qg = q.reshape(batch, kv_heads, groups, w.head_dim)
-            attn = F.scaled_dot_product_attention(qg, keys[:batch], values[:batch], attn_mask=mask, dropout_p=0.0,
-                                                  is_causal=False, scale=w.scaling)
+            attn = F.scaled_dot_product_attention(qg, keys[:batch, :, :length], values[:batch, :, :length],
+                                                  attn_mask=mask, dropout_p=0.0, is_causal=False, scale=w.scaling)
             attn = attn.reshape(batch, kv_heads * groups, 1, w.head_dim)
             hidden = self._finish_layer(w, attn, hidden)
         hidden = self.rms(hidden, *self.talker_norm)
