@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -231,11 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     if pipeline.model_type == "qwen3_tts":
         params = {"do_sample": False, "subtalker_do_sample": False, "max_new_tokens": args.frames + 1}
 
+    # a SIGTERM (a timeout around this script) unwinds through the finally below: the server
+    # runs in its own session and would otherwise outlive us
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     t0 = time.perf_counter()
-    server = TritonProcess(repo, log_path=work / "tritonserver.log").start(timeout_s=900)
-    startup = time.perf_counter() - t0
+    server = TritonProcess(repo, log_path=work / "tritonserver.log")
     rows = []
     try:
+        server.start(timeout_s=900)
+        startup = time.perf_counter() - t0
         synthesize(server.grpc_url, args.pipeline, "Warm up.", params)
         triton_version = server_version(server.grpc_url)
         for c in levels:

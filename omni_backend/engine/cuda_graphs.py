@@ -58,10 +58,14 @@ def capture_graph(fn: Callable[[], object], pool, stream: "torch.cuda.Stream",
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with torch.cuda.graph(graph, pool=pool):
+            # on our stream, not torch's process-wide capture stream (made on the first capture's device)
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
                 out = fn()
-    except BaseException:
+    except BaseException as exc:
         torch.cuda.set_stream(previous)
+        cause = exc.__context__
+        if isinstance(cause, BaseException) and not isinstance(cause, Exception):
+            raise cause from exc  # a signal or exit inside fn, hidden by the failed end of capture
         raise
     for warning in caught:
         if "graph is empty" in str(warning.message).lower():

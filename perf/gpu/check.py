@@ -262,14 +262,24 @@ stages:
            "--deploy", str(deploy), "--concurrency", ",".join(map(str, concurrency)), "--requests", "2",
            "--frames", str(frames), "--results", results]
     log("served: " + " ".join(cmd))
+    bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+        stdout, stderr = bench.communicate(timeout=timeout)
+    except (subprocess.TimeoutExpired, Stopped) as exc:
+        # SIGTERM first: bench.py then stops its tritonserver (its own session: no signal reaches it)
+        bench.terminate()
+        try:
+            bench.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            bench.kill()
+            bench.communicate()
+        if isinstance(exc, Stopped):
+            raise
         return f"timed out after {timeout} s"
-    print(out.stdout[-4000:])
-    if out.returncode != 0:
-        print(out.stderr[-4000:], file=sys.stderr)
-        return f"failed (exit {out.returncode})"
+    print(stdout[-4000:])
+    if bench.returncode != 0:
+        print(stderr[-4000:], file=sys.stderr)
+        return f"failed (exit {bench.returncode})"
     return "ok (table appended by perf/bench.py)"
 
 
@@ -374,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped:
         report.problems.append(f"stopped by SIGTERM (timeout) after {time.perf_counter() - started:.0f} s: "
                                "later steps were not measured")
+        if report.served_status == "running":
+            report.served_status = "stopped by the timeout"
         log(report.problems[-1])
     finally:
         signal.signal(signal.SIGTERM, previous)

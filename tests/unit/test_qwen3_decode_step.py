@@ -118,8 +118,13 @@ def test_static_step_attends_over_length_buckets(qwen3_tiny_cv, qwen3_loaded, mo
                            shortest_attention=16)
     assert static.runner.lengths == [16, 32, 64, 128]
     used, run = [], static.runner.graphs.run
-    monkeypatch.setattr(static.runner.graphs, "run", lambda rows, sample, length: used.append(length) or
-                        run(rows, sample, length))
+
+    def checked_run(rows, sample, length):
+        assert int(static.runner.static.position[:rows].max()) < length  # the new key is attended
+        used.append(length)
+        return run(rows, sample, length)
+
+    monkeypatch.setattr(static.runner.graphs, "run", checked_run)
     got = static.generate(_requests(checkpoint, greedy))
     assert got == exact
     assert used == sorted(used) and {32, 64, 128} <= set(used)  # never shorter than a row's position
