@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dtype = "float32" if device == "cpu" else "bfloat16"
     small, big = ("tiny", "tiny2") if dry else ("0.6b", "1.7b")
-    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else platform.processor() or platform.machine()
+    cuda = device.startswith("cuda")
+    gpu = torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine()
     report = CheckReport(dry, small, big, device, dtype, gpu, args.frames or (8 if dry else 100))
     log(f"device {device} ({gpu}), torch {torch.__version__}, python {platform.python_version()}, dtype {dtype}")
     started = time.perf_counter()

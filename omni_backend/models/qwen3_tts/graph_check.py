@@ -82,8 +82,8 @@ def greedy_graph_parity(checkpoint: Qwen3TTSCheckpoint | str, device: str = "cud
             if len(a.get(key, [])) != len(b[key]):
                 mismatch = mismatch or f"{key}: {len(a.get(key, []))} vs {len(b[key])} frames"
         equal = mismatch is None and set(a) == set(b)
-        report["levels"].append({"concurrency": c, "sample": sample, "frames": sum(len(v) for v in b.values()), "equal": equal,
-                                 "first_mismatch": mismatch})
+        report["levels"].append({"concurrency": c, "sample": sample, "frames": sum(len(v) for v in b.values()),
+                                 "equal": equal, "first_mismatch": mismatch})
         report["ok"] = report["ok"] and equal
     del graphed, eager
     return report

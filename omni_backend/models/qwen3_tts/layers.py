@@ -102,8 +102,9 @@ class BatchInvariantOps:
             return self._bmm_linear(x, weight, bias)
         return torch.cat([F.linear(x[b:b + 1], weight, bias) for b in range(x.shape[0])])
 
-    # On CPU, MKL runs 2 or 3 rows through a slower kernel than 4 (small talker, one thread: a
-    # frame's matmuls take 21.6 ms at 2 rows, 23.9 at 3, 16.4 at 4): batches of 2-3 rows are padded.
+    # On CPU (one thread), MKL runs 2-3 rows through another kernel than 4: every weight of a
+    # random ``small`` frame once takes 28.3 ms at 2 rows, 32.3 at 3, 27.3 at 4. Batches of 2-3
+    # rows are padded to 4 (perf/RESULTS.md).
     MIN_GEMM_ROWS = 4
 
     @classmethod

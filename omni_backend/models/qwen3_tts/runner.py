@@ -23,8 +23,8 @@ The caches are static (allocated once for ``max_num_seqs`` slots). Two step impl
   with in-step token selection, talker decode, codebook-0 processors) over static buffers in
   which row ``b`` is slot ``b``, captured as CUDA graphs per batch-size bucket
   (``cuda_graph_sizes``) and attention-length bucket at engine creation (``enforce_eager`` runs
-  it without graphs). Its greedy codes
-  equal its own eager run (``graph_check.greedy_graph_parity``), not the CPU reference bits.
+  it without graphs). Its codes equal its own eager run (``graph_check.greedy_graph_parity``),
+  not the CPU reference bits.
 """
 from __future__ import annotations
 

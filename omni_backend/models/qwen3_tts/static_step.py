@@ -54,7 +54,6 @@ def length_buckets(max_model_len: int, shortest: int = SHORTEST_LENGTH_BUCKET) -
     return out + [max_model_len]
 
 
-
 class StaticFrameStep:
     def __init__(self, talker, cache, cp_cache, rotary, cp_rotary, rows: int, max_model_len: int,
                  eos_id: int, suppressed: tuple[int, ...]) -> None:
