@@ -41,7 +41,7 @@ class PipelineEntry(DecoupledModel):
         ctx.t0 = time.perf_counter()
         if len(self.active) > self.deploy.entry.max_streams:
             raise Unavailable(f"{self.pipeline.name} is at its limit of "
-                              f"{self.deploy.entry.max_streams} concurrent streams; retry shortly")
+                              f"{self.deploy.entry.max_streams} concurrent streams; retry shortly", busy=True)
         self.metrics.active.set(len(self.active))
 
     def on_finish(self, ctx: StreamContext, outcome: str, error_code: str | None) -> None:
