@@ -47,7 +47,9 @@ def entry_config(p: PipelineConfig, deploy: DeployConfig, common: dict[str, str]
         "max_batch_size": 0,
         "model_transaction_policy": {"decoupled": True},
         "input": [_tensor("TEXT", "TYPE_STRING", [1]),
-                  _tensor("PARAMS", "TYPE_STRING", [1], optional=True)],
+                  _tensor("PARAMS", "TYPE_STRING", [1], optional=True),
+                  # supervisor messages (ping, drain): omni_backend/triton/entry.py
+                  _tensor("CONTROL", "TYPE_STRING", [1], optional=True)],
         "output": [_tensor("AUDIO", "TYPE_FP32", [-1]),
                    _tensor("SAMPLE_RATE", "TYPE_INT32", [1])],
         "instance_group": _instance_group(deploy.entry.instances, "cpu"),

@@ -15,14 +15,17 @@ from typing import AsyncIterator
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.errors import PipelineError, error_code
+from omni_backend.errors import PipelineError, error_code, with_code
 from omni_backend.triton.decoupled import bytes_tensor
 
 
 class StageFailed(PipelineError):
-    """An upstream stage answered with an error; its message keeps its own code."""
+    """An upstream stage answered with an error; its message keeps its own code. Triton's own
+    failures (a dead stub, a model being reloaded) get one, naming the stage."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, model_name: str = ""):
+        if with_code(message) != message:  # Triton's own text: code it and name the stage
+            message = f"{error_code(message)}: {model_name or 'stage'}: {message}"
         Exception.__init__(self, message)
         self.code = error_code(message)
 
@@ -42,6 +45,14 @@ def cancel_stage_request(model_name: str, request_id: str) -> None:
     """Ask a stage to end the stream with this request id (blocking; run in a thread)."""
     inputs = [bytes_tensor("REQUEST_ID", request_id), bytes_tensor("CONTROL", "cancel")]
     _drain(_start(model_name, inputs, [], f"{request_id}-cancel"))
+
+
+def ping_stage(model_name: str, request_id: str) -> None:
+    """Ask a decoupled stage whether it answers (blocking; raises StageFailed)."""
+    inputs = [bytes_tensor("REQUEST_ID", request_id), bytes_tensor("CONTROL", "ping")]
+    for resp in _start(model_name, inputs, [], request_id):
+        if resp.has_error():
+            raise StageFailed(resp.error().message(), model_name)
 
 
 class StageStream:
@@ -78,7 +89,7 @@ class StageStream:
             if resp.has_error():
                 self._done = True
                 _drain_quietly(self._it)
-                raise StageFailed(resp.error().message())
+                raise StageFailed(resp.error().message(), self.model_name)
             out = {}
             for name in self.outputs:
                 t = pb_utils.get_output_tensor_by_name(resp, name)

@@ -1,7 +1,8 @@
 """Stage model for a codec decoder ("code2wav"): stateless windows, Triton dynamic batching.
 
 Each request is one window, CODES [num_quantizers, frames] (LEFT_CONTEXT context frames, then
-new frames); the answer is the audio of the new frames, AUDIO [new frames * hop_length]: the
+new frames; a window of no frames answers with no audio: the entry's liveness ping); the answer
+is the audio of the new frames, AUDIO [new frames * hop_length]: the
 decoder skips the work whose only use is context audio. Windows of equal length and context from
 different streams arrive here batched by Triton's dynamic batcher. Always Float32.
 """
@@ -17,12 +18,14 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.deploy import parse_deploy
 from omni_backend.pipeline import get_pipeline
+from omni_backend.triton import orphan_guard
 
 logger = logging.getLogger(__name__)
 
 
 class Code2WavStage:
     def initialize(self, args: dict) -> None:
+        orphan_guard.start()
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         pipeline = get_pipeline(params["pipeline"])
@@ -79,10 +82,19 @@ class Code2WavStage:
                 windows.append(None)
                 groups.setdefault(("bad",), []).append(i)
                 continue
+            if codes.shape[-1] == 0:  # an empty window (the entry's liveness ping): no audio
+                windows.append(None)
+                groups.setdefault(("empty",), []).append(i)
+                continue
             windows.append(codes)
             groups.setdefault((codes.shape[1:], int(left[0])), []).append(i)
         responses: list = [None] * len(requests)
         for key, members in groups.items():
+            if key == ("empty",):
+                for i in members:
+                    responses[i] = pb_utils.InferenceResponse(
+                        output_tensors=[pb_utils.Tensor("AUDIO", np.zeros((1, 0), np.float32))])
+                continue
             if key == ("bad",):
                 for i in members:
                     responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(

@@ -32,7 +32,7 @@ def _decode(model_name: str, codes: np.ndarray, left_context: int, request_id: s
                 pb_utils.Tensor("LEFT_CONTEXT", np.array([[left_context]], dtype=np.int32))])
     response = request.exec()
     if response.has_error():
-        raise StageFailed(response.error().message())
+        raise StageFailed(response.error().message(), model_name)
     return pb_utils.get_output_tensor_by_name(response, "AUDIO").as_numpy().reshape(-1).copy()
 
 
@@ -42,6 +42,10 @@ class CodecStreamer:
         self.deploy = deploy
         stages = entry.pipeline.stages
         self.codec_model = entry.pipeline.stage_model_name(stages[1])
+
+    async def ping(self, request_id: str) -> None:
+        """An empty window: the codec stage answers with no audio (liveness)."""
+        await self.entry.run_blocking(_decode, self.codec_model, np.zeros((1, 0), np.int64), 0, request_id)
 
     def schedule(self, request: dict[str, Any]) -> CodecChunkSchedule:
         a = self.deploy.async_chunk

@@ -1,15 +1,25 @@
-"""Base class for decoupled, async Triton Python models.
+"""Base class for decoupled Triton Python models, served from our own event loop.
 
-The Python backend only logs an exception raised inside `async def execute`: the client gets
-neither an error nor FINAL and hangs. Every request here therefore runs inside one guarded
-coroutine that always ends the stream with FINAL, turns exceptions into an error response for
-that client only, checks cancellation before each chunk, and releases per-request state in
-`finally`.
+`execute` is a plain method that hands each request to an asyncio loop running on a thread of
+ours and returns `None` at once (the design of Triton's own vLLM backend). It is never a
+coroutine: the 2.51 stub runs a coroutine `execute` with `run_coroutine_threadsafe` and then
+registers the future in a set that a done-callback empties. A coroutine that finishes at once
+(a control request, a fast error) runs that callback, from the loop thread, before the future is
+added: "Cannot remove future from background; KeyError" (Triton server issue #8537), a finished
+future kept forever, and C++ stub code re-entered from a second thread while the main thread is
+inside the same stub. Under overload that path ended in SIGSEGV in tritonserver. Here the stub
+only ever sees a synchronous `execute`, and every task lives and dies on our loop.
+
+Every request runs inside one guarded coroutine that always ends the stream with FINAL, turns
+exceptions into an error response for that client only, checks cancellation before each chunk,
+and releases per-request state in `finally`. `finalize` (unload, reload, shutdown) ends every
+open stream with an `unavailable:` error rather than leaving its client waiting.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator
@@ -17,9 +27,11 @@ from typing import Any, AsyncIterator
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.errors import Cancelled, PipelineError
+from omni_backend.errors import Cancelled, InvalidRequest, PipelineError, Unavailable
+from omni_backend.triton import orphan_guard
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+FINALIZE_GRACE_S = 3.0   # how long an unload waits for open streams to send their last response
 
 
 class StreamContext:
@@ -30,10 +42,12 @@ class StreamContext:
         self.sender = request.get_response_sender()
         self.request_id = request.request_id() or ""
         self._cancelled = False
+        self.abort: PipelineError | None = None   # why the model ended this stream itself
+        self.final_sent = False
         self.resources: list[Any] = []   # things with `async aclose()`, closed on release
 
     def cancelled(self) -> bool:
-        if not self._cancelled and self.sender.is_cancelled():
+        if not self._cancelled and self.sender is not None and self.sender.is_cancelled():
             self._cancelled = True
         return self._cancelled
 
@@ -72,18 +86,31 @@ def _drop_result(fut: "asyncio.Future") -> None:
 
 
 class DecoupledModel:
-    """Subclasses implement `setup()` and `stream(ctx)`; they yield lists of output tensors."""
+    """Subclasses implement `setup()` and `stream(ctx)`; they yield lists of output tensors.
+
+    A request with a `CONTROL` input is a message to the model, not a stream: `ping` is answered
+    from the event loop (the supervisor's liveness probe); subclasses add their own in `control`.
+    """
 
     def initialize(self, args: dict) -> None:
+        orphan_guard.start()
         self.model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         self.parameters = {k: v.get("string_value", "")
                            for k, v in self.model_config.get("parameters", {}).items()}
         self.active: dict[int, StreamContext] = {}
+        self.tasks: set[asyncio.Task] = set()
         # BLS and blocking library calls run here, never on the event loop.
         self.executor = ThreadPoolExecutor(max_workers=int(self.parameters.get("threads_in_flight", "64")),
                                            thread_name_prefix=self.model_name)
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._run_loop, name=f"{self.model_name}-loop", daemon=True)
+        self._loop_thread.start()
         self.setup()
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
 
     def param_json(self, key: str) -> Any:
         return json.loads(self.parameters.get(key) or "null")
@@ -94,6 +121,11 @@ class DecoupledModel:
     async def stream(self, ctx: StreamContext) -> AsyncIterator[list["pb_utils.Tensor"]]:
         raise NotImplementedError
         yield  # pragma: no cover
+
+    async def control(self, request: "pb_utils.InferenceRequest", command: str) -> None:
+        """Handle a CONTROL request; raise a PipelineError to answer with an error."""
+        if command != "ping":
+            raise InvalidRequest("CONTROL", f"unknown command {command!r}")
 
     def on_start(self, ctx: StreamContext) -> None:
         pass
@@ -115,10 +147,43 @@ class DecoupledModel:
                 fut.add_done_callback(_drop_result)
                 raise Cancelled()
 
-    async def execute(self, requests: list) -> None:
-        await asyncio.gather(*(self._serve(r) for r in requests))
-        requests.clear()
+    def execute(self, requests: list) -> None:
+        # Never a coroutine (see the module docstring): hand over and return.
+        for request in requests:
+            self.loop.call_soon_threadsafe(self._spawn, request)
         return None
+
+    def _spawn(self, request: "pb_utils.InferenceRequest") -> None:
+        task = self.loop.create_task(self._dispatch(request))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _dispatch(self, request: "pb_utils.InferenceRequest") -> None:
+        command = input_bytes(request, "CONTROL") if self._has_control_input() else None
+        if command is None:
+            await self._serve(request)
+            return
+        sender = request.get_response_sender()
+        error = None
+        try:
+            await self.control(request, command.decode(errors="replace").strip())
+        except PipelineError as e:
+            error = str(e)
+        except Exception as e:  # noqa: BLE001 - a control message never takes the model down
+            error = f"internal: {type(e).__name__}: {e}"
+            pb_utils.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
+        try:
+            if error is None:
+                sender.send(flags=FINAL)
+            else:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=FINAL)
+        except Exception:  # the caller may be gone
+            pass
+
+    def _has_control_input(self) -> bool:
+        if not hasattr(self, "_control_input"):
+            self._control_input = any(i.get("name") == "CONTROL" for i in self.model_config.get("input", []))
+        return self._control_input
 
     async def _serve(self, request: "pb_utils.InferenceRequest") -> None:
         ctx = StreamContext(request)
@@ -130,32 +195,59 @@ class DecoupledModel:
                 if ctx.cancelled():
                     raise Cancelled()
                 ctx.sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
-        except Cancelled:
-            outcome = "cancelled"
+        except (Cancelled, asyncio.CancelledError) as e:
+            if ctx.abort is None and isinstance(e, asyncio.CancelledError):
+                ctx.abort = Unavailable(f"{self.model_name} stopped; retry")
+            if ctx.abort is None:
+                outcome = "cancelled"        # the client left
+            else:                            # the model ended it (unload, restart, drain)
+                outcome, code, error = "error", ctx.abort.code, str(ctx.abort)
         except PipelineError as e:
             outcome, code, error = "error", e.code, str(e)
         except Exception as e:  # noqa: BLE001 - one request's crash must not leak to others
             outcome, code, error = "error", "internal", f"internal: {type(e).__name__}: {e}"
             pb_utils.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
         finally:
+            self._send_final(ctx, error)
             try:
-                if error is not None:
-                    ctx.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)),
-                                    flags=FINAL)
-                else:
-                    ctx.sender.send(flags=FINAL)
-            except Exception:  # the client may be gone; nothing else to do
-                pb_utils.Logger.log_warn(f"{self.model_name}: could not send FINAL")
-            await ctx.release()
-            self.active.pop(id(ctx), None)
-            self.on_finish(ctx, outcome, code)
-            # Triton frees a request's response factory only when the Python objects die; an
-            # exception traceback can keep this frame (and ctx) in a cycle until the next GC,
-            # which would keep the model from unloading. Drop the references now.
-            ctx.sender = None
-            ctx.request = None
+                await ctx.release()
+            finally:
+                self.active.pop(id(ctx), None)
+                self.on_finish(ctx, outcome, code)
+                # Triton frees a request's response factory only when the Python objects die; an
+                # exception traceback can keep this frame (and ctx) in a cycle until the next GC,
+                # which would keep the model from unloading. Drop the references now.
+                ctx.sender = None
+                ctx.request = None
+
+    def _send_final(self, ctx: StreamContext, error: str | None) -> None:
+        if ctx.final_sent:
+            return
+        ctx.final_sent = True
+        try:
+            if error is not None:
+                ctx.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=FINAL)
+            else:
+                ctx.sender.send(flags=FINAL)
+        except Exception:  # the client may be gone; nothing else to do
+            pb_utils.Logger.log_warn(f"{self.model_name}: could not send FINAL")
+
+    async def abort_all(self, reason: PipelineError) -> None:
+        """End every open stream with `reason` (sent as its final response)."""
+        for ctx in list(self.active.values()):
+            ctx.abort = ctx.abort or reason
+        for task in list(self.tasks):
+            task.cancel()
+        deadline = self.loop.time() + FINALIZE_GRACE_S
+        while any(not ctx.final_sent for ctx in self.active.values()) and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
     def finalize(self) -> None:
-        for ctx in list(self.active.values()):
-            ctx.cancel()
+        reason = Unavailable(f"{self.model_name} is being unloaded (restart or shutdown); retry")
+        try:
+            asyncio.run_coroutine_threadsafe(self.abort_all(reason), self.loop).result(FINALIZE_GRACE_S + 1)
+        except Exception:  # noqa: BLE001 - unloading goes on whatever a stream does
+            pb_utils.Logger.log_warn(f"{self.model_name}: streams still open at unload")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(2.0)
         self.executor.shutdown(wait=False, cancel_futures=True)

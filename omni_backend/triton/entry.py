@@ -3,9 +3,14 @@
 It validates TEXT/PARAMS through the model type's adapter, streams stage 0 over BLS and, for
 two-stage pipelines, runs the codec chunk schedule (see codec_stream.py). It owns the response
 stream, metrics, admission and cancellation.
+
+CONTROL messages (from the supervisor, omni_backend/supervisor): `ping` asks every stage too and
+fails naming the first stage that does not answer; `drain` (before a shutdown) turns new streams
+away with `unavailable:` while the running ones finish.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -18,7 +23,7 @@ from omni_backend.adapters import adapter_class
 from omni_backend.deploy import parse_deploy
 from omni_backend.errors import Unavailable
 from omni_backend.pipeline import get_pipeline
-from omni_backend.triton.bls import StageStream
+from omni_backend.triton.bls import StageStream, ping_stage
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, bytes_tensor, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
 
@@ -31,14 +36,35 @@ class PipelineEntry(DecoupledModel):
         self.adapter = adapter_class(self.pipeline.model_type).from_model(self.model_path)
         self.sample_rate = self.pipeline.sample_rate
         self.metrics = PipelineMetrics(self.pipeline.name)
+        self.metrics.active.set(0)   # a reloaded entry starts from the truth
+        self.draining = False
         self.stage0 = self.pipeline.stage_model_name(self.pipeline.stages[0])
         self.codec = None
         if len(self.pipeline.stages) > 1:
             from omni_backend.triton.codec_stream import CodecStreamer
             self.codec = CodecStreamer(self, self.deploy)
 
+    async def control(self, request: "pb_utils.InferenceRequest", command: str) -> None:
+        if command == "drain":
+            self.draining = True
+            return
+        if command != "ping":
+            return await super().control(request, command)
+        rid = f"ping-{uuid.uuid4().hex[:12]}"
+        checks = []
+        for stage in self.pipeline.stages:
+            if stage.decoupled:
+                checks.append(self.run_blocking(ping_stage, self.pipeline.stage_model_name(stage), rid))
+            elif self.codec is not None:
+                checks.append(self.codec.ping(rid))
+        for result in await asyncio.gather(*checks, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+
     def on_start(self, ctx: StreamContext) -> None:
         ctx.t0 = time.perf_counter()
+        if self.draining:
+            raise Unavailable(f"{self.pipeline.name}: the server is shutting down; retry on another server")
         if len(self.active) > self.deploy.entry.max_streams:
             raise Unavailable(f"{self.pipeline.name} is at its limit of "
                               f"{self.deploy.entry.max_streams} concurrent streams; retry shortly", busy=True)

@@ -1,7 +1,8 @@
 """Base class for stage models called by an entry model over BLS.
 
 Stage inputs: REQUEST (JSON: the adapter's normalized request), REQUEST_ID, and CONTROL for
-out-of-band messages: `cancel` ends the stream with that REQUEST_ID (see bls.py for why).
+out-of-band messages: `cancel` ends the stream with that REQUEST_ID (see bls.py for why), `ping`
+answers at once (liveness).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class StageModel(DecoupledModel):
         self.model_path = self.parameters.get("model") or self.pipeline.default_model
         self.by_request_id: dict[str, StreamContext] = {}
         self.metrics = StageMetrics(self.model_name)
+        self.metrics.active.set(0)   # a reloaded stage starts from the truth, not the dead one's count
         self.load()
 
     def load(self) -> None:
@@ -36,14 +38,17 @@ class StageModel(DecoupledModel):
         raise NotImplementedError
         yield  # pragma: no cover
 
+    async def control(self, request: "pb_utils.InferenceRequest", command: str) -> None:
+        if command != "cancel":
+            return await super().control(request, command)
+        rid = (input_bytes(request, "REQUEST_ID") or b"").decode() or (request.request_id() or "")
+        target = self.by_request_id.get(rid)
+        if target is not None:
+            target.cancel()
+            self.on_cancel(target)
+
     async def stream(self, ctx: StreamContext) -> AsyncIterator[list["pb_utils.Tensor"]]:
         rid = (input_bytes(ctx.request, "REQUEST_ID") or b"").decode() or ctx.request_id
-        if input_bytes(ctx.request, "CONTROL") == b"cancel":
-            target = self.by_request_id.get(rid)
-            if target is not None:
-                target.cancel()
-                self.on_cancel(target)
-            return
         raw = input_bytes(ctx.request, "REQUEST")
         try:
             request = json.loads(raw or b"")
