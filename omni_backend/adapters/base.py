@@ -2,18 +2,54 @@
 
 An entry model receives TEXT (UTF-8 bytes) and PARAMS (a JSON object, optional). The adapter
 checks both and returns the normalized request that stage 0 receives; any problem raises
-`InvalidRequest` naming the field.
+`InvalidRequest` naming the field, whatever the bytes: invalid UTF-8, lone surrogates (as
+UTF-8-encoded surrogate bytes or as JSON `\\ud800` escapes), NUL characters, JSON nested past the
+recursion limit, oversized PARAMS, values of the wrong type or out of range. Messages quote a
+client's value only shortened and escaped (`shown`), so an error can always be sent back.
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from omni_backend.errors import InvalidRequest
 
 MAX_TEXT_CHARS = 4096
+MAX_TEXT_BYTES = 4 * MAX_TEXT_CHARS       # UTF-8 takes at most 4 bytes per character
+MAX_PARAMS_BYTES = 64 * 1024              # PARAMS of a pipeline without large fields
+MAX_SHOWN_CHARS = 40
+# A parameter name that an error may quote as its field; anything else is reported as `params`.
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+# In a Python str a valid astral character is one code point, so any code point in this range is
+# an unpaired surrogate: not encodable as UTF-8, and fatal to tokenizers and to Triton's strings.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def shown(value: Any) -> str:
+    """A client's value as an error message may quote it: short, escaped (repr escapes lone
+    surrogates and control characters), never the repr of a container (unbounded, recursive)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
+        return f"an integer of {value.bit_length()} bits"   # repr of a huge int is slow or refused
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS - 3] + "..."
+
+
+def check_string(field: str, value: str) -> None:
+    """Strings that reach a tokenizer or go back into Triton: no unpaired surrogates, no NUL."""
+    bad = _SURROGATE.search(value)
+    if bad is not None:
+        raise InvalidRequest(field, f"contains an unpaired surrogate (U+{ord(bad.group()):04X}) at "
+                                    f"character {bad.start()}")
+    nul = value.find("\0")
+    if nul >= 0:
+        raise InvalidRequest(field, f"contains a NUL character at character {nul}")
 
 
 @dataclass(frozen=True)
@@ -33,53 +69,80 @@ class Param:
             return self.default
         if self.kind is bool:
             if not isinstance(value, bool):
-                raise InvalidRequest(self.name, f"must be true or false, got {value!r}")
+                raise InvalidRequest(self.name, f"must be true or false, got {shown(value)}")
             return value
         if self.kind in (int, float):
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if self.kind is int and ok and isinstance(value, float):
-                ok = value.is_integer()
-            if not ok or (isinstance(value, float) and not math.isfinite(value)):
-                raise InvalidRequest(self.name, f"must be {'an integer' if self.kind is int else 'a number'}, got {value!r}")
-            value = self.kind(value)
+            if ok and isinstance(value, float):
+                ok = math.isfinite(value) and (self.kind is float or value.is_integer())
+            if not ok:
+                raise InvalidRequest(self.name, f"must be {'an integer' if self.kind is int else 'a number'}, "
+                                                f"got {shown(value)}")
+            # Compare before converting: int and float compare exactly, while float() of a
+            # 400-digit integer overflows.
             if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
-                raise InvalidRequest(self.name, f"must be in [{self.lo}, {self.hi}], got {value!r}")
-            return value
+                raise InvalidRequest(self.name, f"must be in [{self.lo}, {self.hi}], got {shown(value)}")
+            return self.kind(value)
         if not isinstance(value, str):
-            raise InvalidRequest(self.name, f"must be a string, got {value!r}")
+            raise InvalidRequest(self.name, f"must be a string, got {shown(value)}")
         if self.max_len is not None and len(value) > self.max_len:
             raise InvalidRequest(self.name, f"must be at most {self.max_len} characters, got {len(value)}")
+        check_string(self.name, value)
         if self.choices is not None and value.lower() not in self.choices:
-            raise InvalidRequest(self.name, f"unknown value {value!r}; available: {', '.join(self.choices)}")
+            raise InvalidRequest(self.name, f"unknown value {shown(value)}; available: {', '.join(self.choices)}")
         return value.lower() if self.choices is not None else value
 
 
+def _utf8(field: str, raw: bytes) -> str:
+    """Strict UTF-8: rejects encoded surrogates (b"\\xed\\xa0\\x80"), overlong forms, stray bytes."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(field, f"is not valid UTF-8 (byte {e.start}: {e.reason})") from None
+
+
 def decode_text(raw: bytes | str) -> str:
-    """TEXT checks shared by all pipelines: UTF-8, not blank, at most 4096 characters."""
+    """TEXT checks shared by all pipelines: UTF-8, no NUL, not blank, at most 4096 characters."""
     if isinstance(raw, bytes):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InvalidRequest("text", f"is not valid UTF-8 (byte {e.start})") from None
-    else:
+        if len(raw) > MAX_TEXT_BYTES:   # before decoding: the limit holds for any encoding
+            raise InvalidRequest("text", f"is {len(raw)} bytes; the limit is {MAX_TEXT_CHARS} characters")
+        text = _utf8("text", raw)
+    elif isinstance(raw, str):
         text = raw
-    if not text.strip():
-        raise InvalidRequest("text", "is empty")
+    else:
+        raise InvalidRequest("text", f"must be a string, got {shown(raw)}")
     if len(text) > MAX_TEXT_CHARS:
         raise InvalidRequest("text", f"is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+    check_string("text", text)
+    if not text.strip():
+        raise InvalidRequest("text", "is empty")
     return text
 
 
-def decode_params(raw: bytes | str | None) -> dict[str, Any]:
-    if raw is None or (isinstance(raw, (bytes, str)) and not raw.strip()):
+def decode_params(raw: bytes | str | None, max_bytes: int = MAX_PARAMS_BYTES) -> dict[str, Any]:
+    """PARAMS: absent or blank means {}; otherwise a JSON object of at most `max_bytes`."""
+    if raw is None or not raw.strip():
         return {}
+    if len(raw) > max_bytes:
+        raise InvalidRequest("params", f"is {len(raw)} bytes; the limit is {max_bytes}")
+    # json.loads would decode bytes with "surrogatepass" and let encoded surrogates through.
+    text = _utf8("params", raw) if isinstance(raw, bytes) else raw
     try:
-        params = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as e:
+        params = json.loads(text)
+    except RecursionError:
+        # The C scanner stops at the interpreter's recursion limit; parameters are flat anyway.
+        raise InvalidRequest("params", "is nested too deeply (parameters are a flat JSON object)") from None
+    except ValueError as e:
         raise InvalidRequest("params", f"is not valid JSON ({e})") from None
     if not isinstance(params, dict):
-        raise InvalidRequest("params", f"must be a JSON object, got {type(params).__name__}")
+        raise InvalidRequest("params", f"must be a JSON object, got {_json_type(params)}")
     return params
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 class TTSAdapter:
@@ -90,6 +153,7 @@ class TTSAdapter:
     """
     name = ""
     params: tuple[Param, ...] = ()
+    max_params_bytes = MAX_PARAMS_BYTES
 
     def __init__(self, context: dict[str, Any] | None = None):
         self.context = context or {}
@@ -105,11 +169,16 @@ class TTSAdapter:
     def validate(self, text: bytes | str, params: bytes | str | dict | None) -> dict[str, Any]:
         """Return the normalized request {"text": ..., **params}; raise InvalidRequest."""
         text = decode_text(text)
-        raw = params if isinstance(params, dict) else decode_params(params)
+        raw = params if isinstance(params, dict) else decode_params(params, self.max_params_bytes)
         specs = self.param_specs()
         for k in raw:
             if k not in specs:
-                raise InvalidRequest(k, f"unknown parameter; allowed: {', '.join(sorted(specs))}")
+                allowed = ", ".join(sorted(specs))
+                if isinstance(k, str) and _FIELD_NAME.fullmatch(k):
+                    raise InvalidRequest(k, f"unknown parameter; allowed: {allowed}")
+                # A key that is no name (spaces, colons, surrogates, 10 kB) would garble the
+                # `<field>:` of the message: the field is PARAMS itself.
+                raise InvalidRequest("params", f"unknown parameter {shown(k)}; allowed: {allowed}")
         out = {name: spec.check(raw.get(name)) for name, spec in specs.items()}
         out = self.check(text, out)
         out["text"] = text

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_backend.adapters.base import Param, TTSAdapter, register_adapter
+from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter, register_adapter
 from omni_backend.errors import InvalidRequest
 
 TASK_TYPES = {"customvoice": "custom_voice", "voicedesign": "voice_design", "base": "base"}
@@ -26,6 +26,7 @@ REF_AUDIO_MAX_CHARS = REF_AUDIO_MAX_BYTES * 4 // 3 + 256   # base64 of 10 MiB pl
 @register_adapter
 class Qwen3TTSAdapter(TTSAdapter):
     name = "qwen3_tts"
+    max_params_bytes = REF_AUDIO_MAX_CHARS + MAX_PARAMS_BYTES   # room for ref_audio's base64
     params = (
         Param("voice", str, max_len=64, help="preset speaker (CustomVoice), case-insensitive"),
         Param("language", str, max_len=32, help="auto (default) or a language the checkpoint knows"),
