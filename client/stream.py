@@ -1,4 +1,7 @@
-"""`python -m client.stream "text" -o out.wav`: stream speech from Triton over gRPC."""
+"""`python -m client.stream "text" -o out.wav`: stream speech from Triton over gRPC.
+
+A failure prints `error: <code>: ...` (invalid_request / unavailable / internal, as the entry
+model's contract) on stderr and exits 1; bad arguments exit 2."""
 from __future__ import annotations
 
 import argparse
@@ -19,12 +22,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         params = json.loads(args.params) if args.params else None
-    except ValueError as e:
-        ap.error(f"--params is not valid JSON: {e}")
+    except (ValueError, RecursionError) as e:
+        ap.error(f"invalid_request: params: --params is not valid JSON ({type(e).__name__}: {e})")
     try:
         res = synthesize(args.url, args.model, args.text, params)
     except TritonStreamError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - a client bug still reports a code, not a traceback
+        print(f"error: internal: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     write_wav(args.out, res.audio, res.sample_rate)
     print(f"wrote {args.out}: {len(res.chunks)} chunks, {res.audio_s:.2f} s of audio at {res.sample_rate} Hz")

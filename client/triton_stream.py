@@ -1,21 +1,54 @@
-"""Streaming a pipeline's entry model over gRPC with tritonclient (sync and asyncio)."""
+"""Streaming a pipeline's entry model over gRPC with tritonclient (sync and asyncio).
+
+Every failure is a `TritonStreamError` whose message starts with a stable code
+(`invalid_request: <field>: ...`, `unavailable: ...`, `internal: ...`): the entry model's own
+errors already do; Triton's own ones get one here (`coded`). In the asyncio variant a gRPC
+failure of the channel stays a `grpc.RpcError`, so a caller with several endpoints can tell a
+dead server from a bad request.
+"""
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator
 
 import numpy as np
 
-from omni_backend.errors import error_code
+from omni_backend.errors import error_code, with_code
+
+# Triton's own checks of a request's tensors, made before the entry model sees it (wrong dtype,
+# wrong shape, an input the model does not have, ...). They carry no code; the tensor they name
+# is the field, in the adapters' spelling (TEXT -> text).
+_TRITON_BAD_INPUT = (re.compile(r"missing required input\(s\) \['(?P<name>[A-Za-z0-9_]+)'"),
+                     re.compile(r"input '(?P<name>[A-Za-z0-9_]+)'"))
+# gRPC status codes (tritonclient's `status()`) that mean "the server cannot be reached now".
+_GRPC_UNAVAILABLE = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.CANCELLED")
+
+
+def coded(message: str, grpc_status: str | None = None) -> str:
+    """The message with its stable code in front: Triton's input checks are invalid_request
+    naming the tensor, a channel that failed is unavailable, the rest as `with_code` says."""
+    if error_code(message) != "internal" or message.startswith("internal:"):
+        return with_code(message)
+    if grpc_status in _GRPC_UNAVAILABLE:
+        return f"unavailable: {message}"
+    for pattern in _TRITON_BAD_INPUT:
+        bad_input = pattern.search(message)
+        if bad_input is not None:
+            return f"invalid_request: {bad_input['name'].lower()}: {message}"
+    return with_code(message)
 
 
 class TritonStreamError(RuntimeError):
-    """An error response from the server; `.code` is invalid_request / unavailable / internal."""
+    """A stream that failed: an error response from the server, or a request that cannot be
+    sent. The message starts with its code; `.code` is invalid_request / unavailable / internal."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, grpc_status: str | None = None):
+        message = coded(message, grpc_status)
         super().__init__(message)
         self.code = error_code(message)
 
@@ -41,25 +74,42 @@ class StreamResult:
 
 
 def _inputs(module, text: str, params: dict[str, Any] | None) -> list:
+    """TEXT and PARAMS tensors, built before any stream opens: a request that cannot be encoded
+    fails here with invalid_request (inside gRPC's request iterator it would only cancel the call)."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as e:   # a lone surrogate, e.g. from argv's surrogateescape
+        raise TritonStreamError(f"invalid_request: text: contains an unpaired surrogate at character "
+                                f"{e.start}; it is not encodable as UTF-8") from None
+    except AttributeError:
+        raise TritonStreamError(f"invalid_request: text: must be a string, got {type(text).__name__}") from None
     t = module.InferInput("TEXT", [1], "BYTES")
-    t.set_data_from_numpy(np.array([text.encode("utf-8")], dtype=np.object_))
+    t.set_data_from_numpy(np.array([data], dtype=np.object_))
     inputs = [t]
-    if params:
+    if params is not None:
+        try:
+            # ensure_ascii: lone surrogates travel as \ud800 escapes and the server names the field.
+            payload = json.dumps(params).encode()
+        except (TypeError, ValueError) as e:
+            raise TritonStreamError(f"invalid_request: params: cannot be sent as JSON ({e})") from None
         p = module.InferInput("PARAMS", [1], "BYTES")
-        p.set_data_from_numpy(np.array([json.dumps(params).encode()], dtype=np.object_))
+        p.set_data_from_numpy(np.array([payload], dtype=np.object_))
         inputs.append(p)
     return inputs
 
 
-def _message(error: Any) -> str:
+def _error(error: Any) -> TritonStreamError:
+    """A tritonclient error (an error response, or a failed gRPC call) as a coded error."""
     msg = error.message() if hasattr(error, "message") else str(error)
-    return msg() if callable(msg) else msg
+    msg = msg() if callable(msg) else msg
+    status = error.status() if callable(getattr(error, "status", None)) else None
+    return TritonStreamError(msg or str(error) or type(error).__name__, status)
 
 
 def _parse(result: Any, error: Any) -> tuple[tuple[np.ndarray, int] | None, bool]:
     """One streamed response -> ((audio, sample rate) or None, is it the final one)."""
     if error is not None:
-        raise TritonStreamError(_message(error))
+        raise _error(error)
     audio = result.as_numpy("AUDIO")
     chunk = None
     if audio is not None and audio.size:
@@ -71,19 +121,38 @@ def stream(url: str, model: str, text: str, params: dict[str, Any] | None = None
            timeout_s: float = 300.0) -> Iterator[tuple[np.ndarray, int]]:
     """Yield (audio chunk, sample rate) as they arrive; raises TritonStreamError."""
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
+    inputs = _inputs(grpcclient, text, params)
     responses: "queue.Queue" = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
+    try:
+        client = grpcclient.InferenceServerClient(url)
+    except InferenceServerException as e:   # e.g. an address gRPC cannot parse
+        raise _error(e) from None
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer(model, _inputs(grpcclient, text, params),
-                                  enable_empty_final_response=True)
+        try:
+            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        except InferenceServerException as e:
+            # "The stream is no longer in valid state, the error detail is reported through
+            # provided callback": the real failure (e.g. connection refused) is in the queue.
+            try:
+                _, error = responses.get(timeout=5.0)
+            except queue.Empty:
+                error = None
+            raise _error(error if error is not None else e) from None
         while True:
-            chunk, final = _parse(*responses.get(timeout=timeout_s))
+            try:
+                item = responses.get(timeout=timeout_s)
+            except queue.Empty:
+                raise TritonStreamError(f"unavailable: no response from {url} within {timeout_s:g} s") from None
+            chunk, final = _parse(*item)
             if chunk is not None:
                 yield chunk
             if final:
                 return
+    except InferenceServerException as e:
+        raise _error(e) from None
     finally:
         client.stop_stream(cancel_requests=True)
         client.close()
@@ -110,12 +179,18 @@ async def astream(client: Any, model: str, text: str, params: dict[str, Any] | N
     in Triton and, through the entry model, frees the engine slot.
     """
     import tritonclient.grpc.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+
+    inputs = _inputs(aioclient, text, params)
 
     async def requests():
-        yield {"model_name": model, "inputs": _inputs(aioclient, text, params),
-               "request_id": request_id, "enable_empty_final_response": True}
+        yield {"model_name": model, "inputs": inputs, "request_id": request_id,
+               "enable_empty_final_response": True}
 
-    responses = client.stream_infer(inputs_iterator=requests())
+    try:
+        responses = client.stream_infer(inputs_iterator=requests())
+    except InferenceServerException as e:
+        raise _error(e) from None
     try:
         async for result, error in responses:
             chunk, final = _parse(result, error)
@@ -123,5 +198,14 @@ async def astream(client: Any, model: str, text: str, params: dict[str, Any] | N
                 yield chunk
             if final:
                 return
+    except asyncio.CancelledError:
+        # grpc.aio reports a call cancelled by anyone (a closed channel, a failed request
+        # iterator) as CancelledError; only our own task's cancellation may propagate as one,
+        # otherwise it would escape every handler as a bare 500.
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", None)   # Python >= 3.11
+        if cancelling is None or cancelling():
+            raise
+        raise TritonStreamError("unavailable: the gRPC stream to Triton was cancelled") from None
     finally:
         responses.cancel()

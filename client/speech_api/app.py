@@ -7,7 +7,7 @@ import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -40,8 +40,11 @@ class Shim:
         self.started_at = time.time()
 
 
-def error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.envelope(), status_code=error.status, headers=error.headers)
+def error_response(error: ApiError) -> Response:
+    # ApiError.body() escapes to ASCII: a client's lone surrogate quoted in a message must not
+    # make the error itself unencodable (JSONResponse writes UTF-8 and would fail with a 500).
+    return Response(error.body(), status_code=error.status, headers=error.headers,
+                    media_type="application/json")
 
 
 def create_app(config: ShimConfig) -> FastAPI:
@@ -65,18 +68,18 @@ def create_app(config: ShimConfig) -> FastAPI:
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(request: Request, exc: ApiError) -> Response:
         request.state.access["error"] = exc.code
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
         first = (exc.errors() or [{}])[0]
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         return error_response(invalid_request(".".join(loc) or None, first.get("msg", "invalid request")))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
             return error_response(not_found(request.url.path))
         return error_response(ApiError(exc.status_code, str(exc.detail), type="invalid_request_error",

@@ -1,13 +1,25 @@
 """Errors in OpenAI's envelope: `{"error": {"message", "type", "param", "code"}}`.
 
 Every failure the shim answers goes through `ApiError`, so a client never sees FastAPI's 422 or a
-bare text body. Triton's typed error messages (`invalid_request: <field>: ...`,
-`unavailable: ...`, `internal: ...`) map onto the same envelope.
+bare text body. Triton's typed error messages map onto the same envelope (`from_triton`):
+
+| Triton message                    | HTTP | type                  | code                |
+|-----------------------------------|------|-----------------------|---------------------|
+| `invalid_request: <field>: ...`   | 400  | invalid_request_error | invalid_value       |
+| `unavailable: busy: ...`          | 429  | rate_limit_error      | rate_limit_exceeded |
+| `unavailable: ...` (any other)    | 503  | server_error          | service_unavailable |
+| `internal: ...`                   | 500  | server_error          | internal_error      |
+
+Triton's own messages carry no code; `omni_backend.errors.with_code` gives them one first (a dead
+stub, a stopping server, a model being unloaded are `unavailable`; anything unknown `internal`).
+429 and 503 carry Retry-After.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from omni_backend.errors import is_busy, with_code
 
 # Triton's request fields -> the OpenAI fields a client sent.
 _FIELD_NAMES = {"text": "input", "params": None}
@@ -77,7 +89,8 @@ def internal(message: str) -> ApiError:
 
 
 def from_triton(message: str) -> ApiError:
-    """Map a Triton error response (typed message) onto the HTTP answer a client expects."""
+    """Map a Triton error response onto the HTTP answer a client expects (table above)."""
+    message = with_code(message)
     head, _, rest = message.partition(":")
     code = head.strip()
     rest = rest.strip()
@@ -89,5 +102,7 @@ def from_triton(message: str) -> ApiError:
             return invalid_request(param, f"{param or field}: {detail.strip()}" if param else rest)
         return invalid_request(None, rest)
     if code == "unavailable":
-        return too_many_streams(rest or "the pipeline is busy; retry shortly")
-    return internal(message if code != "internal" else rest or message)
+        if is_busy(message):
+            return too_many_streams(rest.removeprefix("busy:").strip() or "the pipeline is busy; retry shortly")
+        return no_backend(rest or "Triton cannot serve the model now; retry shortly")
+    return internal(rest or message)

@@ -4,19 +4,23 @@ Validation happens in two steps. `parse_speech_body` checks the shape every requ
 (types, ranges, known field names) without knowing the model. `build_triton_params` then checks
 the request against the pipeline it resolved to (which extensions it accepts, its voices, how
 speed is realised) and produces the PARAMS object for Triton. Every problem is an `ApiError` 400
-naming the field.
+naming the field; strings follow the entry model's rule (no unpaired surrogates, no NUL), so a
+body that would fail inside Triton, or not even encode for it, is a 400 here.
 """
 from __future__ import annotations
 
 import base64
 import binascii
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from client.speech_api.catalog import CLONE_FIELDS, OPENAI_VOICES, PipelineInfo
 from client.speech_api.errors import ApiError, invalid_request
 from client.speech_api.speed import SpeedPlan, plan_speed
+from omni_backend.adapters.base import check_string, shown
+from omni_backend.errors import InvalidRequest
 
 MAX_INPUT_CHARS = 4096
 MAX_INSTRUCTIONS_CHARS = 4096
@@ -28,6 +32,8 @@ OPENAI_FIELDS = ("model", "input", "voice", "instructions", "response_format", "
 EXTENSION_FIELDS = ("task_type", "language", "seed", "max_new_tokens", "initial_codec_chunk_frames",
                     "ref_audio", "ref_text", "x_vector_only_mode")
 MAX_REF_AUDIO_CHARS = 16 * 1024 * 1024
+# Body keys an error may name as its `param`.
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 # An extension may have another name in a pipeline's adapter; the first name it accepts is used.
 EXTENSION_PARAM_NAMES = {"initial_codec_chunk_frames": ("initial_codec_chunk_frames", "initial_chunk_frames")}
 
@@ -49,6 +55,15 @@ def _optional(body: dict, name: str) -> Any:
     return None if value is None else value
 
 
+def _clean(name: str, value: str) -> str:
+    """The entry model's string rule: a lone surrogate cannot even be encoded for Triton."""
+    try:
+        check_string(name, value)
+    except InvalidRequest as e:
+        raise invalid_request(name, str(e).removeprefix("invalid_request: ")) from None
+    return value
+
+
 def _string(body: dict, name: str, *, required: bool = False, max_len: int | None = None) -> str | None:
     value = _optional(body, name)
     if value is None:
@@ -60,7 +75,7 @@ def _string(body: dict, name: str, *, required: bool = False, max_len: int | Non
     if max_len is not None and len(value) > max_len:
         raise invalid_request(name, f"{name}: is {len(value)} characters; the limit is {max_len}",
                               code="string_above_max_length")
-    return value
+    return _clean(name, value)
 
 
 def _integer(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
@@ -70,10 +85,10 @@ def _integer(body: dict, name: str, lo: int, hi: int | None = None) -> int | Non
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise invalid_request(name, f"{name}: must be an integer, got {value!r}")
+        raise invalid_request(name, f"{name}: must be an integer, got {shown(value)}")
     if value < lo or (hi is not None and value > hi):
         bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise invalid_request(name, f"{name}: must be {bound}, got {value}")
+        raise invalid_request(name, f"{name}: must be {bound}, got {shown(value)}")
     return value
 
 
@@ -82,7 +97,7 @@ def _choice(body: dict, name: str, choices: tuple[str, ...], default: str) -> st
     if value is None:
         return default
     if value not in choices:
-        raise invalid_request(name, f"{name}: unknown value {value!r}; use one of {', '.join(choices)}")
+        raise invalid_request(name, f"{name}: unknown value {shown(value)}; use one of {', '.join(choices)}")
     return value
 
 
@@ -91,7 +106,8 @@ def _voice(body: dict) -> str:
     if isinstance(value, dict):  # OpenAI's custom-voice form {"id": "..."}
         unknown = set(value) - {"id"}
         if unknown:
-            raise invalid_request("voice", f"voice: unknown key(s) {', '.join(sorted(unknown))}; use {{\"id\": ...}}")
+            names = ", ".join(shown(k) for k in sorted(unknown))
+            raise invalid_request("voice", f"voice: unknown key(s) {names}; use {{\"id\": ...}}")
         value = value.get("id")
         if not isinstance(value, str):
             raise invalid_request("voice", "voice: {\"id\": ...} must hold a string")
@@ -101,18 +117,20 @@ def _voice(body: dict) -> str:
         raise invalid_request("voice", f"voice: must be a string or {{\"id\": ...}}, got {type(value).__name__}")
     if not value.strip():
         raise invalid_request("voice", "voice: is empty")
-    return value.strip()
+    return _clean("voice", value.strip())
 
 
 def _speed(body: dict) -> float:
     value = _optional(body, "speed")
     if value is None:
         return 1.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise invalid_request("speed", f"speed: must be a number, got {value!r}")
+    # isfinite() only for floats: it overflows on a 400-digit integer; comparisons do not.
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not math.isfinite(value))):
+        raise invalid_request("speed", f"speed: must be a number, got {shown(value)}")
     lo, hi = SPEED_RANGE
     if not lo <= value <= hi:
-        raise invalid_request("speed", f"speed: must be in [{lo}, {hi}], got {value}")
+        raise invalid_request("speed", f"speed: must be in [{lo}, {hi}], got {shown(value)}")
     return float(value)
 
 
@@ -138,8 +156,11 @@ def parse_speech_body(body: Any) -> SpeechRequest:
     unknown = [k for k in body if k not in OPENAI_FIELDS and k not in EXTENSION_FIELDS]
     if unknown:
         allowed = ", ".join(OPENAI_FIELDS + EXTENSION_FIELDS)
-        raise invalid_request(unknown[0], f"{unknown[0]}: unknown field; allowed: {allowed}",
-                              code="unknown_parameter")
+        name = unknown[0]
+        if _FIELD_NAME.fullmatch(name):
+            raise invalid_request(name, f"{name}: unknown field; allowed: {allowed}", code="unknown_parameter")
+        # A key that is no name (a surrogate, 10 kB, spaces) is not echoed as `param`.
+        raise invalid_request(None, f"unknown field {shown(name)}; allowed: {allowed}", code="unknown_parameter")
     model = _string(body, "model", required=True)
     if not model.strip():
         raise invalid_request("model", "model: is empty")
@@ -166,7 +187,8 @@ def parse_speech_body(body: Any) -> SpeechRequest:
     x_vector_only = _optional(body, "x_vector_only_mode")
     if x_vector_only is not None:
         if not isinstance(x_vector_only, bool):
-            raise invalid_request("x_vector_only_mode", f"x_vector_only_mode: must be true or false, got {x_vector_only!r}")
+            raise invalid_request("x_vector_only_mode",
+                                  f"x_vector_only_mode: must be true or false, got {shown(x_vector_only)}")
         ext["x_vector_only_mode"] = x_vector_only
     ref_audio = _string(body, "ref_audio")
     if ref_audio is not None:
@@ -271,4 +293,8 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
 
 
 def body_error(exc: Exception) -> ApiError:
+    """A body that does not decode: not UTF-8, not JSON, or nested past the recursion limit."""
+    if isinstance(exc, RecursionError):
+        return invalid_request(None, "The request body is nested too deeply to be a speech request",
+                               code="invalid_json")
     return invalid_request(None, f"The request body is not valid JSON ({exc})", code="invalid_json")

@@ -153,20 +153,28 @@ async def delete_voice(request: Request, name: str) -> JSONResponse:
     return JSONResponse({"id": name.strip().lower(), "object": "voice", "deleted": True})
 
 
+def body_too_large() -> ApiError:
+    """413, not 400: the body is refused for its size before it is parsed (OpenAI's envelope)."""
+    return ApiError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes",
+                    type="invalid_request_error", code="request_too_large")
+
+
 @router.post("/v1/audio/speech")
 async def create_speech(request: Request):
     _authorize(request)
     shim = _shim(request)
     access = request.state.access
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise body_too_large()    # before reading a byte of it
     raw = bytearray()
     async for part in request.stream():
         raw += part
         if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes",
-                           type="invalid_request_error", code="request_too_large")
+            raise body_too_large()
     try:
         body = json.loads(bytes(raw))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (ValueError, RecursionError) as e:   # UnicodeDecodeError is a ValueError
         raise body_error(e) from None
     speech = parse_speech_body(body)
     pipeline = await _resolve(request, speech.model)

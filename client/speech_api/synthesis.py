@@ -17,10 +17,11 @@ import numpy as np
 from client.speech_api import sse
 from client.speech_api.admission import StreamLimiter
 from client.speech_api.encoders import make_encoder
-from client.speech_api.errors import ApiError, internal
+from client.speech_api.errors import ApiError, from_triton, internal
 from client.speech_api.pool import PoolStream, TritonPool
 from client.speech_api.request import TritonRequest
 from client.speech_api.speed import TimeStretch
+from client.triton_stream import TritonStreamError
 
 log = logging.getLogger("omni.speech_api")
 FIRST_SLICE_S = 0.1   # audio encoded before the first bytes go out
@@ -55,6 +56,16 @@ class SpeechSynthesis:
         try:
             self.stream = await self.pool.open_stream(pipeline, self.request.text, self.request.params,
                                                       self.request_id)
+        except ApiError:
+            self._release()
+            raise
+        except TritonStreamError as e:   # coded: a request Triton could not take
+            self._release()
+            raise from_triton(str(e)) from None
+        except Exception as e:  # noqa: BLE001 - still the envelope with a code, never a bare 500
+            self._release()
+            log.exception("request %s: opening the Triton stream failed", self.request_id)
+            raise internal(f"{type(e).__name__}: {e}") from None
         except BaseException:
             self._release()
             raise

@@ -37,10 +37,23 @@ def test_defaults_and_openai_fields():
     ({**BASE, "response_format": "MP3"}, "response_format"), ({**BASE, "stream_format": "ws"}, "stream_format"),
     ({**BASE, "extra": 1}, "extra"), ({**BASE, "seed": "1"}, "seed"), ({**BASE, "max_new_tokens": 0}, "max_new_tokens"),
     ({**BASE, "ref_audio": "data:audio/wav;base64,@@@"}, "ref_audio"), ({**BASE, "ref_audio": "/etc/passwd"}, "ref_audio"),
+    # Strings that could not even be encoded for Triton, or that the entry model refuses:
+    ({**BASE, "input": "\ud800 hi"}, "input"), ({**BASE, "input": "hi\x00"}, "input"),
+    ({**BASE, "model": "tts-1\udfff"}, "model"), ({**BASE, "voice": "alloy\ud800"}, "voice"),
+    ({**BASE, "voice": {"id": "\udc80"}}, "voice"), ({**BASE, "instructions": "calm\ud800"}, "instructions"),
+    ({**BASE, "language": "\ud800"}, "language"), ({**BASE, "ref_text": "\x00"}, "ref_text"),
+    ({**BASE, "response_format": "mp3\ud800"}, "response_format"),
+    # Numbers that overflow float() or print as 400 digits:
+    ({**BASE, "speed": 10**400}, "speed"), ({**BASE, "seed": 10**400}, "seed"),
+    ({**BASE, "speed": float("inf")}, "speed"), ({**BASE, "seed": float("-inf")}, "seed"),
+    # Keys that are no field name are not echoed as `param`:
+    ({**BASE, "\ud800": 1}, None), ({**BASE, "k" * 10_000: 1}, None),
 ])
 def test_shape_errors_name_the_field(body, param):
     e = error_of(parse_speech_body, body)
     assert e.status == 400 and e.param == param and e.type == "invalid_request_error"
+    assert len(e.message) < 600, e.message
+    e.body().decode("ascii")
 
 
 def test_hibari_fields_come_from_its_adapter(hibari):

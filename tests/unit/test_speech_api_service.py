@@ -16,20 +16,54 @@ from client.speech_api.errors import ApiError, from_triton
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("message,status,param,type_", [
-    ("invalid_request: text: is empty", 400, "input", "invalid_request_error"),
-    ("invalid_request: voice: unknown value 'x'; available: heart", 400, "voice", "invalid_request_error"),
-    ("invalid_request: params: is not valid JSON", 400, None, "invalid_request_error"),
-    ("unavailable: hibari is at its limit of 64 concurrent streams", 429, None, "rate_limit_error"),
-    ("internal: RuntimeError: boom", 500, None, "server_error"),
-    ("something odd", 500, None, "server_error"),
-])
-def test_triton_errors_map_to_http(message, status, param, type_):
+TRITON_ERRORS = [
+    # (message, status, param, type, code)
+    ("invalid_request: text: is empty", 400, "input", "invalid_request_error", "invalid_value"),
+    ("invalid_request: voice: unknown value 'x'; available: heart", 400, "voice", "invalid_request_error",
+     "invalid_value"),
+    ("invalid_request: params: is not valid JSON", 400, None, "invalid_request_error", "invalid_value"),
+    ("invalid_request: params: is nested too deeply (parameters are a flat JSON object)", 400, None,
+     "invalid_request_error", "invalid_value"),
+    ("unavailable: busy: hibari is at its limit of 64 concurrent streams; retry shortly", 429, None,
+     "rate_limit_error", "rate_limit_exceeded"),
+    ("unavailable: hibari is shutting down", 503, None, "server_error", "service_unavailable"),
+    ("unavailable: hibari__synthesizer: Stub process 'hibari__synthesizer_0_0' is not healthy.", 503, None,
+     "server_error", "service_unavailable"),
+    # Triton's own messages, without a code of ours:
+    ("Stub process 'hibari_0_0' is not healthy.", 503, None, "server_error", "service_unavailable"),
+    ("Server is stopping, request refused", 503, None, "server_error", "service_unavailable"),
+    ("Request for unknown model: 'hibari' has no available versions", 503, None, "server_error",
+     "service_unavailable"),
+    ("Request for unknown model: 'nope' is not found", 503, None, "server_error", "service_unavailable"),
+    ("internal: RuntimeError: boom", 500, None, "server_error", "internal_error"),
+    ("something odd", 500, None, "server_error", "internal_error"),
+    ("", 500, None, "server_error", "internal_error"),
+]
+
+
+@pytest.mark.parametrize("message,status,param,type_,code", TRITON_ERRORS)
+def test_triton_errors_map_to_http(message, status, param, type_, code):
     e = from_triton(message)
-    assert (e.status, e.param, e.type) == (status, param, type_)
+    assert (e.status, e.param, e.type, e.code) == (status, param, type_, code)
     if status == 429:
         assert e.headers["retry-after"] == "1" and e.headers["retry-after-ms"] == "1000"
+        assert e.message.startswith("hibari is at its limit")   # no code or "busy:" in the text
+    elif status == 503:
+        assert int(e.headers["retry-after"]) >= 1 and not e.message.startswith("unavailable")
+    else:
+        assert "retry-after" not in e.headers
     assert set(e.envelope()["error"]) == {"message", "type", "param", "code"}
+    assert e.message
+
+
+def test_error_bodies_are_ascii_json_even_for_lone_surrogates():
+    """A client's lone surrogate quoted in a message must not make the error unencodable."""
+    e = from_triton("invalid_request: voice: unknown value '\\ud800 '; available: heart")
+    body = ApiError(400, "input: \ud800", type="invalid_request_error", code="invalid_value",
+                    param="input").body()
+    assert json.loads(body)["error"]["message"] == "input: \ud800"
+    body.decode("ascii")
+    assert json.loads(e.body())["error"]["param"] == "voice"
 
 
 def test_api_keys_from_env_and_flags():
