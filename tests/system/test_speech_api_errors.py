@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import time
 
 import httpx
@@ -29,42 +31,93 @@ def envelope(response: httpx.Response, status: int, type_: str, param=None, code
     return error
 
 
+def post(shim, body) -> httpx.Response:
+    """The body as json.dumps writes it: lone surrogates as \ud800 escapes, NaN as NaN. httpx's
+    `json=` refuses both, other clients send them."""
+    return httpx.post(f"{shim.url}/v1/audio/speech", content=json.dumps(body).encode(),
+                      headers={"content-type": "application/json"}, timeout=60)
+
+
+QWEN3 = {"model": "qwen3_tts_tiny_random", "input": "Hello.", "voice": "vivian", "response_format": "pcm"}
+MISSING, INVALID, TOO_LONG, UNKNOWN, UNSUPPORTED = ("missing_required_parameter", "invalid_value",
+                                                    "string_above_max_length", "unknown_parameter",
+                                                    "unsupported_parameter")
+# (body, param, code): every one a 400 invalid_request_error.
 BAD_REQUESTS = [
-    ({"input": "x", "voice": "alloy"}, "model"),
-    ({"model": "tts-1", "voice": "alloy"}, "input"),
-    ({"model": "tts-1", "input": "x"}, "voice"),
-    ({**OK, "model": 5}, "model"),
-    ({**OK, "input": "   \n"}, "input"),
-    ({**OK, "input": "x" * 4097}, "input"),
-    ({**OK, "voice": 5}, "voice"),
-    ({**OK, "voice": {"name": "heart"}}, "voice"),
-    ({**OK, "voice": ""}, "voice"),
-    ({**OK, "voice": "nobody"}, "voice"),
-    ({**OK, "response_format": "ogg"}, "response_format"),
-    ({**OK, "stream_format": "chunks"}, "stream_format"),
-    ({**OK, "speed": 0.2}, "speed"),
-    ({**OK, "speed": 4.5}, "speed"),
-    ({**OK, "speed": "fast"}, "speed"),
-    ({**OK, "speed": True}, "speed"),
-    ({**OK, "instructions": 5}, "instructions"),
-    ({**OK, "instructions": "x" * 4097}, "instructions"),
-    ({**OK, "unknown_field": 1}, "unknown_field"),
-    ({**OK, "language": "English"}, "language"),
-    ({**OK, "task_type": "CustomVoice"}, "task_type"),
-    ({**OK, "max_new_tokens": 100}, "max_new_tokens"),
-    ({**OK, "initial_codec_chunk_frames": 2}, "initial_codec_chunk_frames"),
-    ({**OK, "seed": -1}, "seed"),
-    ({**OK, "seed": 1.5}, "seed"),
-    ({**OK, "ref_audio": DATA_URL}, "ref_audio"),
-    ({**OK, "ref_text": "the words in the reference"}, "ref_text"),
-    ({**OK, "ref_audio": "https://example.com/voice.wav"}, "ref_audio"),
+    ({"input": "x", "voice": "alloy"}, "model", MISSING),
+    ({"model": "tts-1", "voice": "alloy"}, "input", MISSING),
+    ({"model": "tts-1", "input": "x"}, "voice", MISSING),
+    ({**OK, "model": 5}, "model", INVALID),
+    ({**OK, "input": "   \n"}, "input", INVALID),
+    ({**OK, "input": "x" * 4097}, "input", TOO_LONG),
+    ({**OK, "input": ["Hello."]}, "input", INVALID),
+    ({**OK, "voice": 5}, "voice", INVALID),
+    ({**OK, "voice": {"name": "heart"}}, "voice", INVALID),
+    ({**OK, "voice": {"id": {"id": "heart"}}}, "voice", INVALID),
+    ({**OK, "voice": ""}, "voice", INVALID),
+    ({**OK, "voice": "nobody"}, "voice", INVALID),
+    ({**OK, "response_format": "ogg"}, "response_format", INVALID),
+    ({**OK, "stream_format": "chunks"}, "stream_format", INVALID),
+    ({**OK, "speed": 0.2}, "speed", INVALID),
+    ({**OK, "speed": 4.5}, "speed", INVALID),
+    ({**OK, "speed": "fast"}, "speed", INVALID),
+    ({**OK, "speed": True}, "speed", INVALID),
+    ({**OK, "instructions": 5}, "instructions", INVALID),
+    ({**OK, "instructions": "x" * 4097}, "instructions", TOO_LONG),
+    ({**OK, "unknown_field": 1}, "unknown_field", UNKNOWN),
+    ({**OK, "language": "English"}, "language", UNSUPPORTED),
+    ({**OK, "task_type": "CustomVoice"}, "task_type", UNSUPPORTED),
+    ({**OK, "max_new_tokens": 100}, "max_new_tokens", UNSUPPORTED),
+    ({**OK, "initial_codec_chunk_frames": 2}, "initial_codec_chunk_frames", UNSUPPORTED),
+    ({**OK, "seed": -1}, "seed", INVALID),
+    ({**OK, "seed": 1.5}, "seed", INVALID),
+    ({**OK, "ref_audio": DATA_URL}, "ref_audio", INVALID),
+    ({**OK, "ref_text": "the words in the reference"}, "ref_text", INVALID),
+    ({**OK, "ref_audio": "https://example.com/voice.wav"}, "ref_audio", INVALID),
+    ({**OK, "x_vector_only_mode": "yes"}, "x_vector_only_mode", INVALID),
+    # Lone surrogates (unencodable for Triton: they gave a plain-text 500) and NUL, in every string
+    ({**OK, "input": "\ud800 hi"}, "input", INVALID),
+    ({**OK, "input": "hi \udfff"}, "input", INVALID),
+    ({**OK, "input": "hi\x00there"}, "input", INVALID),
+    ({**OK, "model": "tts-1\ud800"}, "model", INVALID),
+    ({**OK, "voice": "alloy\udbff"}, "voice", INVALID),
+    ({**OK, "voice": {"id": "\udc00"}}, "voice", INVALID),
+    ({**OK, "instructions": "calm \ud800"}, "instructions", INVALID),
+    ({**OK, "response_format": "pcm\ud800"}, "response_format", INVALID),
+    ({**OK, "stream_format": "sse\x00"}, "stream_format", INVALID),
+    ({**OK, "language": "\ud800"}, "language", INVALID),
+    ({**OK, "ref_text": "\x00"}, "ref_text", INVALID),
+    # Numbers JSON allows and Python reads, that overflow or are not finite
+    ({**OK, "speed": float("nan")}, "speed", INVALID),
+    ({**OK, "speed": float("inf")}, "speed", INVALID),
+    ({**OK, "speed": 10**400}, "speed", INVALID),
+    ({**OK, "seed": 10**400}, "seed", INVALID),
+    ({**OK, "seed": float("-inf")}, "seed", INVALID),
+    # Keys that are no field name are not echoed as `param`
+    ({**OK, "\ud800": 1}, None, UNKNOWN),
+    ({**OK, "k" * 10_000: 1}, None, UNKNOWN),
+    # Judged by Triton's entry model (the shim cannot know), then mapped onto the envelope
+    ({**OK, "input": "\U0001F642"}, "input", INVALID),
+    ({**QWEN3, "language": "klingon"}, "language", INVALID),
+    ({**QWEN3, "task_type": "VoiceDesign"}, "task_type", INVALID),
+    ({**QWEN3, "instructions": "Speak calmly."}, "instructions", INVALID),
+    # Judged by the shim with the adapter's own validator
+    ({**QWEN3, "max_new_tokens": 9000}, "max_new_tokens", INVALID),
+    ({**QWEN3, "voice": "nobody"}, "voice", INVALID),
 ]
 
 
-@pytest.mark.parametrize("body,param", BAD_REQUESTS, ids=[f"{p}-{i}" for i, (_, p) in enumerate(BAD_REQUESTS)])
-def test_bad_fields_are_400_naming_the_field(shim, body, param):
-    error = envelope(httpx.post(f"{shim.url}/v1/audio/speech", json=body), 400, "invalid_request_error", param)
-    assert param in error["message"]
+@pytest.fixture(scope="module")
+def shim_log_start(shim) -> int:
+    """Where this module's part of the shared shim's log begins."""
+    return len(shim.log_text())
+
+
+@pytest.mark.parametrize("body,param,code", BAD_REQUESTS,
+                         ids=[f"{p}-{i}" for i, (_, p, _) in enumerate(BAD_REQUESTS)])
+def test_bad_fields_are_400_naming_the_field(shim, shim_log_start, body, param, code):
+    error = envelope(post(shim, body), 400, "invalid_request_error", param, code)
+    assert (param or "unknown field") in error["message"]
 
 
 def test_clone_fields_say_the_model_does_not_clone(shim):
@@ -80,15 +133,64 @@ def test_rejections_from_triton_are_real_400s(shim):
     assert "nothing to speak" in error["message"]
 
 
-@pytest.mark.parametrize("content,headers", [
-    (b"not json", {"content-type": "application/json"}),
-    (b"[1, 2]", {"content-type": "application/json"}),
-    (b"model=tts-1&input=hi&voice=alloy", {"content-type": "application/x-www-form-urlencoded"}),
-    (b"\xff\xfe", {"content-type": "application/json"}),
-])
-def test_malformed_bodies_are_400_never_422(shim, content, headers):
-    envelope(httpx.post(f"{shim.url}/v1/audio/speech", content=content, headers=headers), 400,
-             "invalid_request_error")
+JSON = {"content-type": "application/json"}
+# (raw body, headers, status, param, code): bodies that do not decode to a speech request.
+MALFORMED_BODIES = [
+    (b"not json", JSON, 400, None, "invalid_json"),
+    (b"", JSON, 400, None, "invalid_json"),
+    (b"[1, 2]", JSON, 400, None, INVALID),
+    (b"model=tts-1&input=hi&voice=alloy", {"content-type": "application/x-www-form-urlencoded"}, 400, None,
+     "invalid_json"),
+    (b"\xff\xfe", JSON, 400, None, "invalid_json"),
+    (b"[" * 50_000, JSON, 400, None, "invalid_json"),          # was a 500 RecursionError
+    (b"[" * 100_000, JSON, 400, None, "invalid_json"),
+    (b'{"model": "tts-1", "input": ' + b"[" * 50_000, JSON, 400, None, "invalid_json"),
+    (b'{"model": "tts-1", "input": "hi", "voice": "alloy", "seed": 1' + b"0" * 5000 + b"}", JSON, 400, None,
+     "invalid_json"),                                           # Python refuses > 4300 digits
+    (b'{"model": "tts-1", "input": "hi", "voice": "alloy", "speed": 1' + b"0" * 400 + b"}", JSON, 400, "speed",
+     INVALID),                                                  # was a 500 OverflowError
+    (b'{"model": "tts-1", "input": "\xed\xa0\x80 hi", "voice": "alloy"}', JSON, 400, "input", INVALID),
+    (json.dumps({**OK, "ref_audio": "data:audio/wav;base64," + "A" * (25 * 1024 * 1024)}).encode(), JSON, 413, None,
+     "request_too_large"),
+]
+
+
+@pytest.mark.parametrize("content,headers,status,param,code", MALFORMED_BODIES,
+                         ids=[f"{s}-{c}-{i}" for i, (_, _, s, _, c) in enumerate(MALFORMED_BODIES)])
+def test_malformed_bodies_are_400_never_422(shim, shim_log_start, content, headers, status, param, code):
+    """json.loads decodes bytes with surrogatepass: b"\xed\xa0\x80" becomes a lone surrogate,
+    which the field check names."""
+    r = httpx.post(f"{shim.url}/v1/audio/speech", content=content, headers=headers, timeout=60)
+    envelope(r, status, "invalid_request_error", param, code)
+
+
+# (keyword arguments of audio.speech.create, param, code): the official SDK's view of the same.
+SDK_CASES = [
+    ({"input": "Hi.", "speed": 5.0}, "speed", INVALID),
+    ({"input": "x" * 4097}, "input", TOO_LONG),
+    ({"input": "Hi.", "voice": "he\x00art"}, "voice", INVALID),
+    ({"input": "Hi.", "extra_body": {"seed": [[[[1]]]]}}, "seed", INVALID),
+    ({"input": "Hi.", "extra_body": {"pitch": 2}}, "pitch", UNKNOWN),
+    ({"input": "Hi.", "response_format": "ogg"}, "response_format", INVALID),
+]
+
+
+@pytest.mark.parametrize("kwargs,param,code", SDK_CASES, ids=[f"{p}-{i}" for i, (_, p, _) in enumerate(SDK_CASES)])
+def test_sdk_sees_bad_request_with_param_and_code(openai_client, shim_log_start, kwargs, param, code):
+    with pytest.raises(openai.BadRequestError) as bad:
+        openai_client.audio.speech.create(**{"model": "tts-1", "voice": "alloy", **kwargs})
+    assert (bad.value.status_code, bad.value.param, bad.value.code) == (400, param, code)
+    assert bad.value.type == "invalid_request_error"
+
+
+def test_after_the_bad_batch_good_requests_still_work(shim, openai_client, shim_log_start):
+    assert len(httpx.post(f"{shim.url}/v1/audio/speech", json=OK, timeout=60).content) > 1000
+    audio = openai_client.audio.speech.create(model="tts-1", voice="alloy", input="Still here.",
+                                              response_format="wav")
+    assert len(audio.content) > 1000
+    log = shim.log_text()[shim_log_start:]
+    assert "Traceback" not in log and "unhandled error" not in log, log[-3000:]
+    assert not re.search(r'"POST /v1/audio/speech" 5\d\d ', log), log[-3000:]
 
 
 def test_sdk_sees_typed_errors(openai_client):
