@@ -58,7 +58,7 @@ def dead_shim(tmp_path_factory):
 def busy_stack(tmp_path_factory):
     """A second tritonserver whose hibari entry takes one stream at a time (a copy of the
     committed hibari models with `max_streams: 1`), and a shim in front of it without a limit of
-    its own: Triton's `unavailable:` must come out as 429."""
+    its own: Triton's `unavailable: busy:` must come out as 429."""
     base = tmp_path_factory.mktemp("busy_triton")
     repo = hibari_repository(base / "model_repository")
     config = repo / "hibari" / "config.pbtxt"
