@@ -72,14 +72,18 @@ Ctrl-C stops both.""", flush=True)
     except KeyboardInterrupt:
         pass
     finally:
+        # Both at once: the supervisor drains Triton's streams (they end, or end with
+        # `unavailable:`), so the speech API's open responses finish inside the same 10 s.
         print("\n[serve] stopping", flush=True)
+        deadline = time.monotonic() + 10
         if shim is not None and shim.poll() is None:
             shim.terminate()
+        server.stop(timeout_s=10)
+        if shim is not None:
             try:
-                shim.wait(timeout=10)
+                shim.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 shim.kill()
-        server.stop()
     return 0
 
 

@@ -1,7 +1,9 @@
-"""Start and stop a real `tritonserver` process (used by `make serve`, tests and benchmarks)."""
+"""Start and stop a real `tritonserver` (used by `make serve`, tests and benchmarks), run by the
+supervisor (omni_backend/supervisor): SIGTERM drains it, a dead pipeline is reloaded."""
 from __future__ import annotations
 
 import os
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -41,10 +43,7 @@ class TritonProcess(ServiceProcess):
     def args(self) -> list[str]:
         return [f"--model-repository={self.repo}", f"--http-port={self.http_port}",
                 f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
-                "--allow-metrics=true", "--strict-readiness=true",
-                # Python-backend 2.51 sometimes never stops a decoupled model's instance thread
-                # after client cancellations (seen in tests): bound shutdown instead of 30 s.
-                "--exit-timeout-secs=5",
+                "--allow-metrics=true",
                 # Large tensors and many concurrent streams: start shared memory bigger than the
                 # 1 MiB default so streams do not stall on growth.
                 "--backend-config=python,shm-default-byte-size=16777216",
@@ -52,7 +51,8 @@ class TritonProcess(ServiceProcess):
                 f"--log-verbose={os.environ.get('OMNI_TRITON_LOG_VERBOSE', '0')}", *self.extra_args]
 
     def command(self) -> list[str]:
-        return server_binary.command(self.args())
+        # under the supervisor: pipelines heal, SIGTERM drains, nothing is left behind
+        return [sys.executable, "-m", "omni_backend.supervisor", *self.args()]
 
     def environment(self) -> dict[str, str]:
         return server_binary.server_env()

@@ -53,7 +53,9 @@ def entry_config(p: PipelineConfig, deploy: DeployConfig, common: dict[str, str]
         "output": [_tensor("AUDIO", "TYPE_FP32", [-1]),
                    _tensor("SAMPLE_RATE", "TYPE_INT32", [1])],
         "instance_group": _instance_group(deploy.entry.instances, "cpu"),
-        "parameters": _params({**common, "threads_in_flight": str(deploy.entry.bls_threads)}),
+        # the stage models it calls: a pipeline serves only when all of them are ready
+        "parameters": _params({**common, "threads_in_flight": str(deploy.entry.bls_threads),
+                               "stages": ",".join(p.stage_model_name(s) for s in p.stages)}),
     }
 
 

@@ -1,15 +1,17 @@
 """The Triton endpoints behind the shim, and how a stream picks one.
 
 Each `--triton` URL is an endpoint with its own gRPC client. A prober checks every endpoint
-each `probe_interval_s` (server ready + repository index), so the shim knows which pipelines
-each one serves; an endpoint that fails is marked down and re-probed on a fresh channel (no
-gRPC reconnect back-off) until it answers again, then it rejoins.
+each `probe_interval_s` (server live + repository index), so the shim knows which pipelines
+each one serves: a pipeline is served when its entry model and every stage model it names are
+READY. A pipeline being reloaded (its stage died) is therefore not routed to, while the same
+server's other pipelines still are. An endpoint that fails is marked down and re-probed on a
+fresh channel (no gRPC reconnect back-off) until it answers again, then it rejoins.
 
 A new stream goes to the healthy endpoint serving its pipeline with the fewest active streams
 (ties: the one picked longest ago). Until the first audio arrives a stream may move: an endpoint
-that is unreachable, lacks the model, or answers `unavailable` (at capacity) is skipped and the
-next one is tried, so a dead server costs a client nothing. After the first audio the stream
-stays where it is.
+that is unreachable, lacks the model, or answers `unavailable` (at capacity, draining before a
+shutdown, restarting a pipeline) is skipped and the next one is tried, so a dead or stopping
+server costs a client nothing. After the first audio the stream stays where it is.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ class TritonEndpoint:
         self.client: Any = None
         self.healthy = False
         self.active = 0
-        self.pipelines: dict[str, str | None] = {}   # pipeline -> model path (entry parameter)
+        self.pipelines: dict[str, str | None] = {}   # pipeline -> model path (entry parameter), ready ones
         self.configs: dict[str, dict] = {}
         self.last_pick = 0
         self.last_error = "not probed yet"
@@ -109,6 +111,7 @@ class TritonPool:
         self.probe_timeout_s = probe_timeout_s
         self._picks = itertools.count(1)
         self._task: asyncio.Task | None = None
+        self.known_pipelines: set[str] = set()   # every pipeline some endpoint has served
 
     async def start(self) -> None:
         for ep in self.endpoints:
@@ -145,21 +148,23 @@ class TritonPool:
         try:
             if not ep.healthy:
                 await ep.reconnect()
-            if not await ep.client.is_server_ready(client_timeout=timeout):
-                raise RuntimeError("server is not ready")
+            # live, not ready: strict readiness is false while one pipeline reloads, and the
+            # others are still served; readiness is judged per pipeline below
+            if not await ep.client.is_server_live(client_timeout=timeout):
+                raise RuntimeError("server is not live")
             index = await ep.client.get_model_repository_index(as_json=True, client_timeout=timeout)
+            ready = {m.get("name", "") for m in index.get("models", []) if m.get("state") == "READY"}
             pipelines: dict[str, str | None] = {}
-            for model in index.get("models", []):
-                name = model.get("name", "")
-                if model.get("state") != "READY":
-                    continue
+            for name in ready:
                 if name not in ep.configs:
                     reply = await ep.client.get_model_config(name, as_json=True, client_timeout=timeout)
                     ep.configs[name] = reply.get("config", {})
                 config = ep.configs[name]
                 pipeline = entry_pipeline_name(name, config)
-                if pipeline:
-                    pipelines[pipeline] = ((config.get("parameters") or {}).get("model") or {}).get("string_value")
+                params = config.get("parameters") or {}
+                stages = [s for s in ((params.get("stages") or {}).get("string_value") or "").split(",") if s]
+                if pipeline and all(stage in ready for stage in stages):
+                    pipelines[pipeline] = (params.get("model") or {}).get("string_value")
         except Exception as e:  # noqa: BLE001 - any failure means "not usable now"
             ep.mark_down(f"{type(e).__name__}: {e}")
             ep.probed_at = time.monotonic()
@@ -169,11 +174,17 @@ class TritonPool:
         ep.probed_at = time.monotonic()
         for name, model_path in pipelines.items():
             self.catalog.learn(name, model_path)
+            self.known_pipelines.add(name)
         if not was_healthy:
             log.info("triton %s is up, serving %s", ep.url, ", ".join(sorted(pipelines)) or "nothing")
 
     def any_healthy(self) -> bool:
         return any(ep.healthy for ep in self.endpoints)
+
+    def unserved(self) -> list[str]:
+        """Pipelines seen before that no endpoint serves now (a stage died, a server is down)."""
+        served = {name for ep in self.endpoints if ep.healthy for name in ep.pipelines}
+        return sorted(self.known_pipelines - served)
 
     def status(self) -> list[dict[str, Any]]:
         return [ep.status() for ep in self.endpoints]
@@ -225,7 +236,9 @@ class TritonPool:
                     skip.append(ep)
                     continue
                 error = from_triton(message)
-                if error.status == 429:   # this one is at capacity; another may not be
+                if error.status in (429, 503):  # at capacity, draining, restarting: try another
+                    if error.status == 503:     # and not this one again until the prober says so
+                        ep.pipelines.pop(pipeline, None)
                     busy = error
                     skip.append(ep)
                     continue

@@ -51,11 +51,14 @@ async def index() -> FileResponse:
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
+    """Ready (200) when every pipeline a Triton has served is served by one now; 503 while one
+    is not (its stage died and is being reloaded, its server is down or stopping)."""
     shim = _shim(request)
     tritons = shim.pool.status()
-    ready = any(t["healthy"] and t["pipelines"] for t in tritons)
+    unserved = shim.pool.unserved()
+    ready = any(t["healthy"] and t["pipelines"] for t in tritons) and not unserved
     body = {"status": "ok" if ready else "unavailable", "tritons": tritons,
-            "models": shim.catalog.model_names()}
+            "models": shim.catalog.model_names(), "unserved": unserved}
     return JSONResponse(body, status_code=200 if ready else 503)
 
 

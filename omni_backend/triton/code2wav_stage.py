@@ -76,7 +76,7 @@ class Code2WavStage:
         windows = []
         for i, request in enumerate(requests):
             codes = pb_utils.get_input_tensor_by_name(request, "CODES").as_numpy()
-            codes = codes.reshape(-1, *codes.shape[-2:])  # [batch, q, frames]
+            codes = codes.reshape(-1 if codes.size else 1, *codes.shape[-2:])  # [batch, q, frames]
             left = pb_utils.get_input_tensor_by_name(request, "LEFT_CONTEXT").as_numpy().reshape(-1)
             if len(set(left.tolist())) != 1:  # a client batching windows of different contexts
                 windows.append(None)

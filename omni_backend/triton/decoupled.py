@@ -13,7 +13,10 @@ only ever sees a synchronous `execute`, and every task lives and dies on our loo
 Every request runs inside one guarded coroutine that always ends the stream with FINAL, turns
 exceptions into an error response for that client only, checks cancellation before each chunk,
 and releases per-request state in `finally`. `finalize` (unload, reload, shutdown) ends every
-open stream with an `unavailable:` error rather than leaving its client waiting.
+open stream with an `unavailable:` error rather than leaving its client waiting. But Triton calls
+`finalize` only once every stream of the model has ended (a response factory holds the model), so
+a stream stuck on a dead stage must be ended first: `abort_all`, which the supervisor asks for
+(`CONTROL=abort`) before it unloads or stops anything.
 """
 from __future__ import annotations
 
@@ -21,7 +24,6 @@ import asyncio
 import json
 import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator
 
 import numpy as np
@@ -29,9 +31,9 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import Cancelled, InvalidRequest, PipelineError, Unavailable
 from omni_backend.triton import orphan_guard
+from omni_backend.triton.worker_threads import DaemonThreadPool
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-FINALIZE_GRACE_S = 3.0   # how long an unload waits for open streams to send their last response
 
 
 class StreamContext:
@@ -44,6 +46,7 @@ class StreamContext:
         self._cancelled = False
         self.abort: PipelineError | None = None   # why the model ended this stream itself
         self.final_sent = False
+        self.task: asyncio.Task | None = None
         self.resources: list[Any] = []   # things with `async aclose()`, closed on release
 
     def cancelled(self) -> bool:
@@ -101,7 +104,7 @@ class DecoupledModel:
         self.active: dict[int, StreamContext] = {}
         self.tasks: set[asyncio.Task] = set()
         # BLS and blocking library calls run here, never on the event loop.
-        self.executor = ThreadPoolExecutor(max_workers=int(self.parameters.get("threads_in_flight", "64")),
+        self.executor = DaemonThreadPool(max_workers=int(self.parameters.get("threads_in_flight", "64")),
                                            thread_name_prefix=self.model_name)
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._run_loop, name=f"{self.model_name}-loop", daemon=True)
@@ -187,12 +190,13 @@ class DecoupledModel:
 
     async def _serve(self, request: "pb_utils.InferenceRequest") -> None:
         ctx = StreamContext(request)
+        ctx.task = asyncio.current_task()
         self.active[id(ctx)] = ctx
         outcome, code, error = "ok", None, None
         try:
             self.on_start(ctx)
             async for tensors in self.stream(ctx):
-                if ctx.cancelled():
+                if ctx.cancelled() or ctx.final_sent:
                     raise Cancelled()
                 ctx.sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
         except (Cancelled, asyncio.CancelledError) as e:
@@ -208,19 +212,19 @@ class DecoupledModel:
             outcome, code, error = "error", "internal", f"internal: {type(e).__name__}: {e}"
             pb_utils.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
         finally:
-            self._send_final(ctx, error)
+            self._finish(ctx, outcome, code, error)
             try:
                 await ctx.release()
             finally:
-                self.active.pop(id(ctx), None)
-                self.on_finish(ctx, outcome, code)
                 # Triton frees a request's response factory only when the Python objects die; an
                 # exception traceback can keep this frame (and ctx) in a cycle until the next GC,
                 # which would keep the model from unloading. Drop the references now.
                 ctx.sender = None
                 ctx.request = None
 
-    def _send_final(self, ctx: StreamContext, error: str | None) -> None:
+    def _finish(self, ctx: StreamContext, outcome: str, code: str | None, error: str | None) -> None:
+        """Send the stream's last response and count it, once. This comes before releasing what
+        the stream held: a release can wait on a stage that died, its client must not."""
         if ctx.final_sent:
             return
         ctx.final_sent = True
@@ -231,21 +235,21 @@ class DecoupledModel:
                 ctx.sender.send(flags=FINAL)
         except Exception:  # the client may be gone; nothing else to do
             pb_utils.Logger.log_warn(f"{self.model_name}: could not send FINAL")
+        self.active.pop(id(ctx), None)
+        self.on_finish(ctx, outcome, code)
 
     async def abort_all(self, reason: PipelineError) -> None:
         """End every open stream with `reason` (sent as its final response)."""
         for ctx in list(self.active.values()):
             ctx.abort = ctx.abort or reason
-        for task in list(self.tasks):
-            task.cancel()
-        deadline = self.loop.time() + FINALIZE_GRACE_S
-        while any(not ctx.final_sent for ctx in self.active.values()) and self.loop.time() < deadline:
-            await asyncio.sleep(0.02)
+            self._finish(ctx, "error", ctx.abort.code, str(ctx.abort))
+            if ctx.task is not None:
+                ctx.task.cancel()   # then it releases what it held, in its own time
 
     def finalize(self) -> None:
         reason = Unavailable(f"{self.model_name} is being unloaded (restart or shutdown); retry")
         try:
-            asyncio.run_coroutine_threadsafe(self.abort_all(reason), self.loop).result(FINALIZE_GRACE_S + 1)
+            asyncio.run_coroutine_threadsafe(self.abort_all(reason), self.loop).result(5.0)
         except Exception:  # noqa: BLE001 - unloading goes on whatever a stream does
             pb_utils.Logger.log_warn(f"{self.model_name}: streams still open at unload")
         self.loop.call_soon_threadsafe(self.loop.stop)

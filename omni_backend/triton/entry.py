@@ -6,7 +6,8 @@ stream, metrics, admission and cancellation.
 
 CONTROL messages (from the supervisor, omni_backend/supervisor): `ping` asks every stage too and
 fails naming the first stage that does not answer; `drain` (before a shutdown) turns new streams
-away with `unavailable:` while the running ones finish.
+away with `unavailable:` while the running ones finish; `abort` ends every open stream with
+`unavailable: <TEXT>` (a stage died, or the drain ran out of time).
 """
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ class PipelineEntry(DecoupledModel):
     async def control(self, request: "pb_utils.InferenceRequest", command: str) -> None:
         if command == "drain":
             self.draining = True
+            return
+        if command == "abort":  # TEXT says why; every open stream ends with it
+            why = (input_bytes(request, "TEXT") or b"").decode(errors="replace").strip()
+            pb_utils.Logger.log_info(f"{self.model_name}: aborting {len(self.active)} streams: {why}")
+            await self.abort_all(Unavailable(f"{self.pipeline.name}: {why or 'the pipeline is restarting'}; retry"))
             return
         if command != "ping":
             return await super().control(request, command)

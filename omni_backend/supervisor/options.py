@@ -1,0 +1,98 @@
+"""Command line of the supervisor: tritonserver's own flags, passed through, plus
+`--supervisor-*` flags of its own (removed before tritonserver sees them).
+
+Flags the supervision needs are added unless given: explicit model control with every model
+loaded at start (so one pipeline can be reloaded while the others serve), strict readiness (a
+pipeline being reloaded makes the server not ready), and a short exit timeout (the supervisor
+drains streams before it stops the server).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class SupervisorOptions:
+    heal: bool = True                   # reload a pipeline whose stage died or stopped answering
+    restart: bool = True                # start tritonserver again when it exits by itself
+    probe_interval_secs: float = 1.0    # how often every pipeline is pinged
+    ping_timeout_secs: float = 3.0
+    unresponsive_secs: float = 4.0      # no answer for this long: the pipeline is reloaded
+    drain_secs: float = 4.0             # SIGTERM: how long running streams may go on
+    stop_secs: float = 4.0              # then how long tritonserver has to exit before SIGKILL
+    server_args: list[str] = field(default_factory=list)
+
+    def flag(self, name: str, default: str | None = None) -> str | None:
+        """The value of a tritonserver flag (`--name=value` or `--name value`)."""
+        args = self.server_args
+        for i, arg in enumerate(args):
+            if arg.startswith(f"--{name}="):
+                return arg.split("=", 1)[1]
+            if arg == f"--{name}" and i + 1 < len(args):
+                return args[i + 1]
+        return default
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.flag('grpc-port', '8001')}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        if (self.flag("allow-metrics", "true") or "").lower() in ("false", "0", "no"):
+            return None
+        return f"http://localhost:{self.flag('metrics-port', '8002')}/metrics"
+
+    @property
+    def explicit_models(self) -> bool:
+        return (self.flag("model-control-mode") or "").lower() == "explicit"
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _value(name: str, raw: str, kind: type):
+    if kind is bool:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise UsageError(f"--supervisor-{name}: expected true or false, got {raw!r}")
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise UsageError(f"--supervisor-{name}: expected a number, got {raw!r}") from None
+    if value <= 0:
+        raise UsageError(f"--supervisor-{name}: must be > 0, got {raw!r}")
+    return value
+
+
+def parse(argv: list[str]) -> SupervisorOptions:
+    opts = SupervisorOptions()
+    kinds = {f.name.replace("_", "-"): type(getattr(opts, f.name)) for f in fields(opts) if f.name != "server_args"}
+    rest: list[str] = []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("--supervisor-"):
+            rest.append(arg)
+            continue
+        name, sep, raw = arg[len("--supervisor-"):].partition("=")
+        if name not in kinds:
+            raise UsageError(f"--supervisor-{name}: unknown flag; known: "
+                             + ", ".join(f"--supervisor-{k}" for k in kinds))
+        if not sep:
+            if not args:
+                raise UsageError(f"--supervisor-{name}: needs a value")
+            raw = args.pop(0)
+        setattr(opts, name.replace("-", "_"), _value(name, raw, kinds[name]))
+    opts.server_args = rest
+    if opts.flag("model-repository") is None and opts.flag("model-store") is None:
+        raise UsageError("--model-repository is required")
+    if opts.flag("model-control-mode") is None:
+        rest += ["--model-control-mode=explicit", "--load-model=*"]
+    if opts.flag("strict-readiness") is None:
+        rest.append("--strict-readiness=true")
+    if opts.flag("exit-timeout-secs") is None:
+        rest.append("--exit-timeout-secs=3")
+    return opts

@@ -1,0 +1,134 @@
+"""The Python-backend stub processes of one tritonserver, and their shared-memory regions.
+
+Each model instance runs in a `triton_python_backend_stub` child of tritonserver whose arguments
+are the model file (`<repository>/<model>/<version>/model.py`) and its region in /dev/shm
+(`triton_python_backend_shm_region_<uuid>`). Knowing them lets the supervisor kill the stub of a
+model that stopped answering, and remove what a crashed server left behind.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "triton_python_backend_shm_region_"
+STUB_NAME = "triton_python_backend_stub"
+
+
+@dataclass(frozen=True)
+class Stub:
+    pid: int
+    model: str          # Triton model name (the folder above the version folder)
+    model_file: str     # <repository>/<model>/<version>/model.py
+    region: str | None  # its shared-memory region name
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _ppid_and_state(pid: int) -> tuple[int, str]:
+    stat = _read(f"/proc/{pid}/stat").decode(errors="replace")
+    # the command name may hold spaces and parentheses: fields start after the last ')'
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[1]), fields[0]) if len(fields) > 1 else (-1, "?")
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def parse_stub(pid: int) -> Stub | None:
+    argv = [a.decode(errors="replace") for a in _read(f"/proc/{pid}/cmdline").split(b"\0")]
+    if len(argv) < 3 or not argv[0].endswith(STUB_NAME):
+        return None
+    model_file = Path(argv[1])
+    region = argv[2] if argv[2].startswith(SHM_PREFIX) else None
+    return Stub(pid=pid, model=model_file.parent.parent.name, model_file=str(model_file), region=region)
+
+
+def stubs_of(server_pid: int) -> list[Stub]:
+    """Live (not zombie) stub children of a tritonserver process."""
+    found = []
+    for pid in _pids():
+        ppid, state = _ppid_and_state(pid)
+        if ppid == server_pid and state != "Z":
+            stub = parse_stub(pid)
+            if stub is not None:
+                found.append(stub)
+    return found
+
+
+def orphan_stubs() -> list[Stub]:
+    """Stubs whose tritonserver is gone (re-parented to init or a subreaper)."""
+    found = []
+    for pid in _pids():
+        stub = parse_stub(pid)
+        if stub is None:
+            continue
+        ppid, state = _ppid_and_state(pid)
+        parent = parse_exe_name(ppid)
+        if state != "Z" and parent != "tritonserver":
+            found.append(stub)
+    return found
+
+
+def parse_exe_name(pid: int) -> str:
+    argv0 = _read(f"/proc/{pid}/cmdline").split(b"\0")[0].decode(errors="replace")
+    return Path(argv0).name
+
+
+def alive(stub: Stub) -> bool:
+    """The stub is still running (not exited, not a zombie, its pid not reused)."""
+    _, state = _ppid_and_state(stub.pid)
+    return state not in ("Z", "X", "?") and parse_stub(stub.pid) == stub
+
+
+def kill(stubs: list[Stub]) -> None:
+    for stub in stubs:
+        try:
+            os.kill(stub.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def mapped_regions() -> set[str]:
+    """Region names some live process has mapped."""
+    names = set()
+    for pid in _pids():
+        for line in _read(f"/proc/{pid}/maps").decode(errors="replace").splitlines():
+            i = line.find(str(SHM_DIR / SHM_PREFIX))
+            if i >= 0:
+                names.add(Path(line[i:].split()[0]).name)
+    return names
+
+
+def remove_stale_regions(min_age_s: float = 10.0, names: set[str] | None = None) -> list[str]:
+    """Unlink regions no process maps (left by a crashed or killed server). `names` limits it to
+    those; otherwise any such region older than `min_age_s` (a server that is starting has mapped
+    its new regions long before that)."""
+    if not SHM_DIR.is_dir():
+        return []
+    in_use = mapped_regions()
+    removed = []
+    now = time.time()
+    for path in SHM_DIR.glob(f"{SHM_PREFIX}*"):
+        if path.name in in_use:
+            continue
+        if names is not None and path.name not in names:
+            continue
+        try:
+            if names is None and now - path.stat().st_mtime < min_age_s:
+                continue
+            path.unlink()
+            removed.append(path.name)
+        except OSError:
+            pass
+    return removed

@@ -1,0 +1,308 @@
+"""Keep one tritonserver serving: heal a pipeline whose stage died, restart a crashed server,
+drain on SIGTERM, and leave no stub process or shared memory behind.
+
+Triton 2.51 neither restarts a decoupled model's dead stub nor reports it: requests fail with
+"Stub process ... is not healthy", open streams hang, and every readiness probe still says ready.
+So the supervisor pings each pipeline's entry model once a second (`CONTROL=ping`; the entry asks
+each of its stages), and when a pipeline fails it reloads that pipeline's models through Triton's
+model-control API: the entry first (its finalize ends every open stream with `unavailable:`),
+then the stages, then loads them again. While they are unloaded the server is not ready (strict
+readiness), so load balancers and the speech API route elsewhere; the other pipelines keep
+serving. A stub that is alive but stopped answering is killed before its model is unloaded.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+from omni_backend.supervisor import stubs
+from omni_backend.supervisor.options import SupervisorOptions
+from omni_backend.supervisor.triton_control import PingFailed, Pipeline, TritonControl
+from omni_backend.triton import server_binary
+
+log = logging.getLogger("omni.supervisor")
+PR_SET_PDEATHSIG = 1
+TICK_S = 0.25        # how often stub processes are checked for life
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel kills tritonserver if the supervisor dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class PipelineState:
+    pipeline: Pipeline
+    last_ok: float
+    stubs: list[stubs.Stub] = field(default_factory=list)   # as loaded: one per model instance
+    last_ping: float = 0.0
+    pinging: bool = False
+    healing: bool = False
+
+
+class Supervisor:
+    def __init__(self, opts: SupervisorOptions):
+        self.opts = opts
+        self.proc: asyncio.subprocess.Process | None = None
+        self.control: TritonControl | None = None
+        self.states: dict[str, PipelineState] = {}
+        self.stop_requested = asyncio.Event()
+        self.hard_stop = False
+        self.known_stubs: dict[int, stubs.Stub] = {}
+        self.regions: set[str] = set()
+        self.tasks: set[asyncio.Task] = set()
+        self.repository = os.path.realpath(opts.flag("model-repository") or opts.flag("model-store") or ".")
+
+    # -- lifecycle
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        self._clean_leftovers()
+        backoff = 1.0
+        while True:
+            started = time.monotonic()
+            code, was_ready = await self._serve_once()
+            if self.stop_requested.is_set():
+                return 0
+            if not was_ready:
+                log.error("tritonserver exited with %s before it was ready; not restarting", code)
+                return code or 1
+            log.error("tritonserver exited with %s; %s", code,
+                      "restarting" if self.opts.restart else "restart is off")
+            if not self.opts.restart:
+                return code or 1
+            if time.monotonic() - started > 60:
+                backoff = 1.0
+            try:
+                await asyncio.wait_for(self.stop_requested.wait(), backoff)
+                return 0
+            except asyncio.TimeoutError:
+                backoff = min(backoff * 2, 30.0)
+
+    def _on_signal(self, sig: int) -> None:
+        if self.stop_requested.is_set():
+            log.warning("second %s: stopping tritonserver now", signal.Signals(sig).name)
+            self.hard_stop = True
+        else:
+            log.info("%s: draining, then stopping", signal.Signals(sig).name)
+        self.stop_requested.set()
+
+    async def _serve_once(self) -> tuple[int | None, bool]:
+        """Start tritonserver, watch it until it exits or a stop is asked; (exit code, was ready)."""
+        argv = server_binary.command(self.opts.server_args)
+        self.proc = await asyncio.create_subprocess_exec(
+            *argv, env=server_binary.server_env(), start_new_session=True, preexec_fn=_die_with_parent)
+        self.control = TritonControl(self.opts.grpc_url, self.opts.metrics_url)
+        self.states.clear()
+        was_ready = False
+        exited = asyncio.ensure_future(self.proc.wait())
+        stop = asyncio.ensure_future(self.stop_requested.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait({exited, stop}, timeout=TICK_S)
+                if stop in done:
+                    await self._shutdown(exited)
+                    return self.proc.returncode, was_ready
+                if exited in done:
+                    return self.proc.returncode, was_ready
+                if not was_ready:
+                    was_ready = await self._became_ready()
+                    continue
+                self._check_stubs()
+                self._probe_all()
+        finally:
+            stop.cancel()
+            for task in list(self.tasks):
+                task.cancel()
+            await self.control.close()
+            self._clean_after(self.proc.pid)
+
+    async def _became_ready(self) -> bool:
+        if not await self.control.ready():
+            return False
+        try:
+            pipelines = await self.control.pipelines()
+        except Exception as e:  # noqa: BLE001 - try again on the next tick
+            log.warning("reading the repository index failed: %s", e)
+            return False
+        now = time.monotonic()
+        self.states = {name: PipelineState(p, now) for name, p in pipelines.items()}
+        for state in self.states.values():
+            self._record_stubs(state)
+        log.info("tritonserver ready (pid %d); watching %s", self.proc.pid, ", ".join(sorted(self.states)) or "nothing")
+        return True
+
+    # -- health
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _record_stubs(self, state: PipelineState) -> None:
+        state.stubs = [s for s in stubs.stubs_of(self.proc.pid) if s.model in state.pipeline.models]
+        for stub in state.stubs:
+            self.known_stubs[stub.pid] = stub
+            if stub.region:
+                self.regions.add(stub.region)
+
+    def _check_stubs(self) -> None:
+        """A stub process that exited is noticed here at once (Triton would only notice it when
+        a request reaches it, and would still report the model ready)."""
+        for state in self.states.values():
+            if state.healing:
+                continue
+            dead = next((s for s in state.stubs if not stubs.alive(s)), None)
+            if dead is not None:
+                failure = PingFailed(f"unavailable: {dead.model}: its stub process {dead.pid} exited")
+                failure.dead, failure.model = True, dead.model
+                self._start_heal(state, failure)
+
+    def _start_heal(self, state: PipelineState, failure: PingFailed) -> None:
+        if self.opts.heal and not self.stop_requested.is_set():
+            state.healing = True
+            self._spawn(self._heal(state, failure))
+        elif not state.healing:
+            log.warning("%s is not serving (%s); healing is off", state.pipeline.name, failure)
+
+    def _probe_all(self) -> None:
+        now = time.monotonic()
+        for state in self.states.values():
+            if not state.pinging and not state.healing and now - state.last_ping >= self.opts.probe_interval_secs:
+                state.pinging, state.last_ping = True, now
+                self._spawn(self._probe(state))
+
+    async def _probe(self, state: PipelineState) -> None:
+        try:
+            await self.control.ping(state.pipeline, self.opts.ping_timeout_secs)
+            state.last_ok = time.monotonic()
+        except PingFailed as failure:
+            silent_s = time.monotonic() - state.last_ok
+            if (failure.dead or silent_s >= self.opts.unresponsive_secs) and not state.healing:
+                self._start_heal(state, failure)
+        finally:
+            state.pinging = False
+
+    async def _heal(self, state: PipelineState, failure: PingFailed) -> None:
+        p = state.pipeline
+        t0 = time.monotonic()
+        log.error("pipeline %s failed: %s; reloading %s", p.name, failure, ", ".join(p.models))
+        try:
+            if not self.opts.explicit_models:
+                log.error("model control is not explicit: restarting tritonserver instead")
+                self.proc.send_signal(signal.SIGTERM)
+                return
+            if not failure.dead and failure.model:  # alive but wedged: it would not unload
+                stubs.kill([s for s in stubs.stubs_of(self.proc.pid) if s.model == failure.model])
+            backoff = 1.0
+            while not self.stop_requested.is_set():
+                try:
+                    await self._reload(p, f"the pipeline is restarting ({failure.model or p.name} failed)")
+                    log.info("pipeline %s reloaded in %.1f s", p.name, time.monotonic() - t0)
+                    break
+                except Exception as e:  # noqa: BLE001 - keep trying: the server is not ready meanwhile
+                    if self.stop_requested.is_set():
+                        break
+                    log.error("reloading %s failed: %s; again in %.0f s", p.name, e, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+        finally:
+            self._record_stubs(state)
+            state.last_ok = time.monotonic()
+            state.healing = False
+
+    async def _reload(self, p: Pipeline, why: str) -> None:
+        # Open streams hold the entry (Triton finalizes a model only after its last stream), and
+        # the ones waiting on a dead stage never end by themselves: the entry ends them first.
+        t0 = time.monotonic()
+        try:
+            await self.control.abort(p, why)
+            log.info("%s ended its open streams in %.2f s", p.name, time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 - an entry that does not answer is killed below
+            log.warning("%s did not abort its streams: %s", p.name, e)
+            stubs.kill([s for s in stubs.stubs_of(self.proc.pid) if s.model == p.name])
+        for model in p.models:
+            await self.control.unload(model)
+        # No need to wait for the old instances to finish unloading (a model whose stub died
+        # never does: its requests keep it): Triton loads the new ones beside them.
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            states = await self.control.model_states()
+            if not any(states.get(m) == "READY" for m in p.models):
+                break
+            await asyncio.sleep(0.05)
+        for model in [*p.stages, p.name]:
+            await self.control.load(model)
+
+    # -- shutdown
+    async def _shutdown(self, exited: asyncio.Future) -> None:
+        t0 = time.monotonic()
+        if not self.hard_stop and self.states:
+            drains = [self.control.drain(s.pipeline) for s in self.states.values()]
+            await asyncio.gather(*drains, return_exceptions=True)
+            deadline = t0 + self.opts.drain_secs
+            loop = asyncio.get_running_loop()
+            while time.monotonic() < deadline and not self.hard_stop and not exited.done():
+                active = await loop.run_in_executor(None, self.control.active_streams)
+                if active is not None and active <= 0:
+                    break
+                await asyncio.sleep(0.2)
+            log.info("drained in %.1f s", time.monotonic() - t0)
+            aborts = [self.control.abort(s.pipeline, "the server is shutting down", 2.0) for s in self.states.values()]
+            await asyncio.gather(*aborts, return_exceptions=True)
+        if not exited.done():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(exited), 0.1 if self.hard_stop else self.opts.stop_secs)
+            except asyncio.TimeoutError:
+                log.warning("tritonserver still running after %.1f s: killing it", self.opts.stop_secs)
+        if not exited.done():
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            await exited
+        log.info("tritonserver stopped in %.1f s", time.monotonic() - t0)
+
+    # -- leftovers
+    def _clean_after(self, server_pid: int) -> None:
+        """The server is gone: its stubs go too (a stub whose parent died may hang in its own
+        teardown), then the shared memory no one maps any more."""
+        try:
+            os.killpg(server_pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        leftover = [s for pid, s in self.known_stubs.items() if stubs.parse_stub(pid) == s]  # pid not reused
+        stubs.kill(leftover)
+        deadline = time.monotonic() + 2.0
+        while leftover and time.monotonic() < deadline:
+            leftover = [s for s in leftover if stubs.parse_stub(s.pid) == s]
+            time.sleep(0.05)
+        removed = stubs.remove_stale_regions(names=self.regions)
+        if removed:
+            log.info("removed %d shared-memory regions left by tritonserver", len(removed))
+        if leftover:
+            log.warning("stub processes %s did not die", [s.pid for s in leftover])
+        self.known_stubs.clear()
+        self.regions.clear()
+
+    def _clean_leftovers(self) -> None:
+        """What an earlier server on this repository left when it was killed: orphaned stubs and
+        unmapped shared memory."""
+        inside = self.repository + os.sep
+        orphans = [s for s in stubs.orphan_stubs() if os.path.realpath(s.model_file).startswith(inside)]
+        if orphans:
+            log.warning("killing %d orphaned stub processes of %s", len(orphans), self.repository)
+            stubs.kill(orphans)
+            time.sleep(0.2)
+        removed = stubs.remove_stale_regions()
+        if removed:
+            log.warning("removed %d stale shared-memory regions", len(removed))
