@@ -18,14 +18,14 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.deploy import parse_deploy
 from omni_backend.pipeline import get_pipeline
-from omni_backend.triton import orphan_guard
+from omni_backend.triton import stub_process
 
 logger = logging.getLogger(__name__)
 
 
 class Code2WavStage:
     def initialize(self, args: dict) -> None:
-        orphan_guard.start()
+        stub_process.start_orphan_guard()
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         pipeline = get_pipeline(params["pipeline"])
@@ -115,3 +115,6 @@ class Code2WavStage:
                     responses[i] = pb_utils.InferenceResponse(
                         error=pb_utils.TritonError(f"internal: code2wav: {type(e).__name__}: {e}"))
         return responses
+
+    def finalize(self) -> None:
+        stub_process.exit_after_finalize()

@@ -30,7 +30,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import Cancelled, InvalidRequest, PipelineError, Unavailable
-from omni_backend.triton import orphan_guard
+from omni_backend.triton import stub_process
 from omni_backend.triton.worker_threads import DaemonThreadPool
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -96,7 +96,7 @@ class DecoupledModel:
     """
 
     def initialize(self, args: dict) -> None:
-        orphan_guard.start()
+        stub_process.start_orphan_guard()
         self.model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         self.parameters = {k: v.get("string_value", "")
@@ -255,3 +255,8 @@ class DecoupledModel:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(2.0)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.release_resources()
+        stub_process.exit_after_finalize()
+
+    def release_resources(self) -> None:
+        """What a subclass must close before the process ends (engines, files)."""

@@ -1,5 +1,15 @@
-"""Custom Prometheus metrics, exported on Triton's /metrics next to its own."""
+"""Custom Prometheus metrics, exported on Triton's /metrics next to its own.
+
+Every metric object lives as long as the stub process (see `_kept`): the 2.51 stub crashes
+(SIGSEGV in `Metric::SaveToSharedMemory`, its shared-memory pool already gone) when a Python
+metric object is destroyed during interpreter teardown, and deleting one earlier is not safe
+either: stubs that hold the same series (entry instances, a reloaded model beside the one
+unloading) share one Prometheus object, which the first delete frees under the others. A series
+therefore outlives its model; each model sets its gauges from the truth when it starts.
+"""
 from __future__ import annotations
+
+import ctypes
 
 import triton_python_backend_utils as pb_utils
 
@@ -19,12 +29,22 @@ _FAMILIES = {
 _cache: dict[str, "pb_utils.MetricFamily"] = {}
 
 
+def _kept(obj):
+    """One reference that is never given back: the object is never destroyed (see above)."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    return obj
+
+
 def family(name: str) -> "pb_utils.MetricFamily":
     if name not in _cache:
         desc, kind = _FAMILIES[name]
-        _cache[name] = pb_utils.MetricFamily(name=name, description=desc,
-                                             kind=getattr(pb_utils.MetricFamily, kind))
+        _cache[name] = _kept(pb_utils.MetricFamily(name=name, description=desc,
+                                                   kind=getattr(pb_utils.MetricFamily, kind)))
     return _cache[name]
+
+
+def metric(family_name: str, **kwargs) -> "pb_utils.Metric":
+    return _kept(family(family_name).Metric(**kwargs))
 
 
 class PipelineMetrics:
@@ -33,32 +53,32 @@ class PipelineMetrics:
     def __init__(self, pipeline: str):
         labels = {"pipeline": pipeline}
         self.pipeline = pipeline
-        self.ttfa_ms = family("omni_ttfa_ms").Metric(labels=labels, buckets=TTFA_BUCKETS_MS)
-        self.audio_seconds = family("omni_audio_seconds_total").Metric(labels=labels)
-        self.active = family("omni_active_streams").Metric(labels=labels)
+        self.ttfa_ms = metric("omni_ttfa_ms", labels=labels, buckets=TTFA_BUCKETS_MS)
+        self.audio_seconds = metric("omni_audio_seconds_total", labels=labels)
+        self.active = metric("omni_active_streams", labels=labels)
         self._outcomes: dict[str, "pb_utils.Metric"] = {}
         self._errors: dict[str, "pb_utils.Metric"] = {}
 
     def finished(self, outcome: str, error_code: str | None = None) -> None:
         """outcome: ok | error | cancelled."""
         if outcome not in self._outcomes:
-            self._outcomes[outcome] = family("omni_requests_total").Metric(
-                labels={"pipeline": self.pipeline, "outcome": outcome})
+            self._outcomes[outcome] = metric("omni_requests_total",
+                                             labels={"pipeline": self.pipeline, "outcome": outcome})
         self._outcomes[outcome].increment(1)
         if error_code:
             if error_code not in self._errors:
-                self._errors[error_code] = family("omni_errors_total").Metric(
-                    labels={"pipeline": self.pipeline, "code": error_code})
+                self._errors[error_code] = metric("omni_errors_total",
+                                                  labels={"pipeline": self.pipeline, "code": error_code})
             self._errors[error_code].increment(1)
 
 
 class StageMetrics:
     def __init__(self, model_name: str):
         self.model_name = model_name
-        self.active = family("omni_stage_active_requests").Metric(labels={"model": model_name})
+        self.active = metric("omni_stage_active_requests", labels={"model": model_name})
         self._voice_encodings = None
 
     def voice_encoded(self) -> None:
         if self._voice_encodings is None:
-            self._voice_encodings = family("omni_voice_encodings_total").Metric(labels={"model": self.model_name})
+            self._voice_encodings = metric("omni_voice_encodings_total", labels={"model": self.model_name})
         self._voice_encodings.increment(1)

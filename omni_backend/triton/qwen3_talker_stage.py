@@ -123,6 +123,5 @@ class Qwen3TalkerStage(StageModel):
     def on_cancel(self, ctx: StreamContext) -> None:
         self.engine.cancel(ctx.stage_request_id)
 
-    def finalize(self) -> None:
-        super().finalize()
-        self.engine.close()
+    def release_resources(self) -> None:
+        self.engine.close(timeout=2.0)

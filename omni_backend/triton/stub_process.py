@@ -1,0 +1,67 @@
+"""The stub process a model runs in: how it ends, and that it leaves nothing behind.
+
+`exit_after_finalize`: by the time a model's `finalize` runs, the 2.51 stub has already answered
+the server's finalize request, and the server only waits for the process to exit. What the stub
+does next (tearing down Python, and with it C++ objects whose shared memory is gone) crashed
+with SIGSEGV in `Metric::SaveToSharedMemory` at every shutdown, or hung on threads blocked in a
+BLS call to a stage that died; so `finalize` ends the process itself.
+
+`start_orphan_guard`: the stub notices a dead parent, but then tears down its C++ state (Python
+objects included) from a background thread without the GIL, which can hang: orphaned stubs
+(parent pid 1, hundreds of MB each, ignoring SIGTERM) kept their shared-memory regions in
+/dev/shm. The guard unlinks the stub's own region and leaves with `os._exit`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+SHM_PREFIX = "triton_python_backend_shm_region_"
+_started = False
+
+
+def stub_shm_region() -> str | None:
+    """This stub's shared-memory region name (its second argument), if it is a Triton stub."""
+    try:
+        argv = Path("/proc/self/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for arg in argv[1:3]:
+        name = arg.decode(errors="replace")
+        if name.startswith(SHM_PREFIX):
+            return name
+    return None
+
+
+def _watch(parent: int, region: str | None, interval_s: float) -> None:
+    stop = threading.Event()
+    while not stop.wait(interval_s):
+        if os.getppid() != parent:
+            if region:
+                try:
+                    os.unlink(f"/dev/shm/{region}")
+                except OSError:
+                    pass
+            os._exit(1)
+
+
+def start_orphan_guard(interval_s: float = 0.5) -> None:
+    """Start the guard once per process (every model calls this in `initialize`)."""
+    global _started
+    if _started:
+        return
+    _started = True
+    threading.Thread(target=_watch, args=(os.getppid(), stub_shm_region(), interval_s),
+                     name="orphan-guard", daemon=True).start()
+
+
+def exit_after_finalize(code: int = 0) -> None:
+    """End the stub now (call last in `finalize`): flush what Python buffered, skip teardown."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream has nothing to flush
+            pass
+    os._exit(code)
