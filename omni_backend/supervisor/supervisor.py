@@ -200,7 +200,9 @@ class Supervisor:
                 log.error("model control is not explicit: restarting tritonserver instead")
                 self.proc.send_signal(signal.SIGTERM)
                 return
-            if not failure.dead and failure.model:  # alive but wedged: it would not unload
+            if failure.model and failure.model != p.name:
+                # a stage that does not answer but still runs (stopped, wedged) would never
+                # unload: it goes now. The entry is asked to end its streams first (_reload).
                 stubs.kill([s for s in stubs.stubs_of(self.proc.pid) if s.model == failure.model])
             backoff = 1.0
             while not self.stop_requested.is_set():

@@ -1,0 +1,295 @@
+"""The server under abuse: a stage's stub killed or frozen mid-stream, SIGTERM under load, the
+server or its supervisor killed with SIGKILL. Each test runs its own supervised tritonserver (the
+session's is never disturbed) and checks what a client, a load balancer and the host see."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from client.speech_api.process import ShimProcess
+from client.triton_process import TritonProcess
+from omni_backend.errors import error_code
+from omni_backend.supervisor import stubs
+from tests.metrics_scrape import metric
+
+pytestmark = pytest.mark.system
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN = "qwen3_tts_tiny_random"
+LONG = {"max_new_tokens": 4000}   # random weights never stop by themselves: minutes of audio
+HIBARI_LONG = " ".join(f"Sentence number {i} keeps this stream going for a while." for i in range(40))
+
+
+def repository(base: Path, pipelines: list[str]) -> Path:
+    """A copy of the committed repository with only these pipelines' models."""
+    out = base / "model_repository"
+    for model in (ROOT / "model_repository").iterdir():
+        if model.name in pipelines or model.name.split("__")[0] in pipelines:
+            shutil.copytree(model, out / model.name)
+    return out
+
+
+def server_pid(server: TritonProcess) -> int:
+    """The tritonserver the supervisor runs."""
+    children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
+    return int(children[0])
+
+
+def stage_stubs(server: TritonProcess, model: str) -> list[stubs.Stub]:
+    return [s for s in stubs.stubs_of(server_pid(server)) if s.model == model]
+
+
+def ready(server: TritonProcess) -> int | None:
+    try:
+        with urllib.request.urlopen(f"{server.http_url}/v2/health/ready", timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> float:
+    """Seconds until predicate() held; fails after timeout_s."""
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"not within {timeout_s} s")
+        time.sleep(step_s)
+    return time.monotonic() - t0
+
+
+@dataclass
+class Stream:
+    """One gRPC stream read on its own thread: chunks, then how it ended and when."""
+    url: str
+    model: str
+    text: str
+    params: dict | None = None
+    chunks: int = 0
+    end: str | None = None            # "final" or the error message
+    ended_at: float | None = None
+    first: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "Stream":
+        threading.Thread(target=self._run, daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        client = grpcclient.InferenceServerClient(self.url)
+        responses: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        inputs = [grpcclient.InferInput("TEXT", [1], "BYTES")]
+        inputs[0].set_data_from_numpy(np.array([self.text.encode()], dtype=np.object_))
+        if self.params:
+            inputs.append(grpcclient.InferInput("PARAMS", [1], "BYTES"))
+            inputs[1].set_data_from_numpy(np.array([json.dumps(self.params).encode()], dtype=np.object_))
+        client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
+        try:
+            while True:
+                try:
+                    result, error = responses.get(timeout=120)
+                except queue.Empty:
+                    self.end = "no answer for 120 s"
+                    break
+                if error is not None:
+                    self.end = error.message()
+                    break
+                if result.as_numpy("AUDIO") is not None and result.as_numpy("AUDIO").size:
+                    self.chunks += 1
+                    self.first.set()
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    self.end = "final"
+                    break
+        finally:
+            self.ended_at = time.monotonic()
+            self.first.set()
+            client.stop_stream(cancel_requests=True)
+            client.close()
+
+    def wait(self, timeout_s: float) -> None:
+        wait_until(lambda: self.ended_at is not None, timeout_s)
+
+
+@pytest.fixture
+def own_server(tmp_path):
+    """A supervised tritonserver with hibari and the tiny Qwen3-TTS, for this test alone."""
+    server = TritonProcess(repository(tmp_path, ["hibari", QWEN]), log_path=tmp_path / "tritonserver.log")
+    server.start(timeout_s=300)
+    # the supervisor has recorded the stubs once it logs that it watches them
+    wait_until(lambda: "watching" in server.log_text(), 30)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_killed_stage_is_noticed_and_the_pipeline_heals(own_server, tmp_path):
+    server = own_server
+    shim = ShimProcess([server.grpc_url], log_path=tmp_path / "shim.log", extra_args=["--probe-interval", "0.5"])
+    shim.start()
+    try:
+        streams = [Stream(server.grpc_url, QWEN, f"Stream number {i} talks for a long time.", LONG).start()
+                   for i in range(4)]
+        for s in streams:
+            assert s.first.wait(120), s.end
+        talker = stage_stubs(server, f"{QWEN}__talker")
+        assert len(talker) == 1
+        killed_at = time.monotonic()
+        os.kill(talker[0].pid, signal.SIGKILL)
+
+        # every open stream ends within 5 s with a coded error, none hangs
+        for s in streams:
+            s.wait(10)
+            assert s.ended_at - killed_at < 5.0, (s.end, s.ended_at - killed_at)
+            assert s.end.startswith(f"unavailable: {QWEN}:"), s.end
+        # what a load balancer and the speech API's clients see
+        assert wait_until(lambda: ready(server) not in (200,), 5) < 5
+        assert wait_until(lambda: shim.health() == 503, 5) < 5
+        # the other pipeline keeps serving while this one reloads
+        hibari = Stream(server.grpc_url, "hibari", "Still here.").start()
+        hibari.wait(60)
+        assert hibari.end == "final" and hibari.chunks >= 1
+        # a request that arrives meanwhile gets an answer our clients code as unavailable
+        # (Triton's own "no available versions" while the entry reloads), not a hang
+        early = Stream(server.grpc_url, QWEN, "Too early.").start()
+        early.wait(60)
+        assert early.end == "final" or error_code(early.end) == "unavailable", early.end
+
+        # healed without a person: ready again, a new stage process, streams work, gauges true
+        wait_until(lambda: ready(server) == 200, 180, 0.2)
+        assert wait_until(lambda: shim.health() == 200, 10) < 10
+        new_talker = stage_stubs(server, f"{QWEN}__talker")
+        assert len(new_talker) == 1 and new_talker[0].pid != talker[0].pid
+        after = Stream(server.grpc_url, QWEN, "Back again.").start()
+        after.wait(120)
+        assert after.end == "final" and after.chunks >= 1
+        r = httpx.post(f"{shim.url}/v1/audio/speech", timeout=60,
+                       json={"model": QWEN, "input": "Through the speech API.", "voice": "vivian",
+                             "response_format": "wav"})
+        assert r.status_code == 200, r.text[:300]
+        assert len(r.content) > 1000
+        assert metric(server.metrics_url, "omni_active_streams", pipeline=QWEN) == 0
+        assert metric(server.metrics_url, "omni_stage_active_requests", model=f"{QWEN}__talker") == 0
+        assert "reloaded" in server.log_text()
+    finally:
+        shim.stop()
+
+
+def test_a_frozen_stage_is_killed_and_reloaded(own_server):
+    server = own_server
+    stream = Stream(server.grpc_url, "hibari", HIBARI_LONG, {"speed": 0.5}).start()
+    assert stream.first.wait(60), stream.end
+    synthesizer = stage_stubs(server, "hibari__synthesizer")
+    frozen_at = time.monotonic()
+    os.kill(synthesizer[0].pid, signal.SIGSTOP)
+    try:
+        stream.wait(15)
+        assert stream.end == "final" or stream.end.startswith("unavailable: hibari:"), stream.end
+        if stream.end != "final":
+            assert stream.ended_at - frozen_at < 6.0
+        wait_until(lambda: not stubs.alive(synthesizer[0]), 10)   # killed, not left stopped
+        wait_until(lambda: ready(server) == 200 and stage_stubs(server, "hibari__synthesizer"), 120, 0.2)
+        again = Stream(server.grpc_url, "hibari", "Thawed.").start()
+        again.wait(60)
+        assert again.end == "final" and again.chunks >= 1
+    finally:
+        try:
+            os.kill(synthesizer[0].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _regions_of(stub_list: list[stubs.Stub]) -> set[str]:
+    return {s.region for s in stub_list if s.region}
+
+
+def test_sigterm_under_load_drains_and_exits_clean(own_server, triton, tmp_path):
+    server = own_server
+    shim = ShimProcess([server.grpc_url, triton.grpc_url], log_path=tmp_path / "shim.log",
+                       extra_args=["--probe-interval", "0.5"])
+    shim.start()
+    try:
+        own_stubs = stubs.stubs_of(server_pid(server))
+        regions = _regions_of(own_stubs)
+        running = [Stream(server.grpc_url, QWEN, f"Long stream {i}.", LONG).start() for i in range(3)]
+        running += [Stream(server.grpc_url, "hibari", "A short one. It ends soon.").start()]
+        for s in running:
+            assert s.first.wait(120), s.end
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        late = Stream(server.grpc_url, "hibari", "Arriving during the drain.").start()
+        late.wait(10)
+        assert error_code(late.end) == "unavailable", late.end
+        # the speech API sends new requests to the other server meanwhile
+        r = httpx.post(f"{shim.url}/v1/audio/speech", timeout=60,
+                       json={"model": "hibari", "input": "Failing over.", "voice": "heart", "response_format": "wav"})
+        assert r.status_code == 200 and len(r.content) > 1000, r.text[:300]
+        server.proc.wait(timeout=12)
+        exit_s = time.monotonic() - t0
+        assert exit_s < 10.0, exit_s
+        for s in running:   # each finished or ended with a stable code
+            s.wait(5)
+            assert s.end == "final" or s.end.startswith("unavailable:"), s.end
+        assert [s for s in running if s.model == "hibari"][0].end == "final"
+        time.sleep(0.5)
+        assert not [s for s in own_stubs if stubs.alive(s)]
+        left = {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")} & regions
+        assert not left, left
+        assert "drained" in server.log_text()
+    finally:
+        shim.stop()
+
+
+def test_sigkill_of_the_server_or_its_supervisor_leaves_nothing_behind(own_server, tmp_path):
+    server = own_server
+    first = server_pid(server)
+    first_stubs = stubs.stubs_of(first)
+    os.kill(first, signal.SIGKILL)   # tritonserver dies: the supervisor cleans up and restarts it
+    wait_until(lambda: not [s for s in first_stubs if stubs.alive(s)], 10)
+    wait_until(lambda: ready(server) == 200, 180, 0.2)
+    assert server_pid(server) != first
+    assert not {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")} & _regions_of(first_stubs)
+    done = Stream(server.grpc_url, "hibari", "Restarted.").start()
+    done.wait(60)
+    assert done.end == "final"
+
+    second = server_pid(server)
+    second_stubs = stubs.stubs_of(second)
+    os.kill(server.proc.pid, signal.SIGKILL)   # the supervisor itself: nothing may outlive it
+    server.proc.wait()
+    wait_until(lambda: _state(second) in ("gone", "Z"), 10)   # the kernel ends tritonserver too
+    wait_until(lambda: not [s for s in second_stubs if stubs.alive(s)], 10)
+    wait_until(lambda: not {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")} & _regions_of(second_stubs), 10)
+    # a new server on the same host starts cleanly
+    again = TritonProcess(server.repo, log_path=tmp_path / "again.log")
+    again.start(timeout_s=300)
+    try:
+        stream = Stream(again.grpc_url, "hibari", "A new server.").start()
+        stream.wait(60)
+        assert stream.end == "final"
+    finally:
+        again.stop()
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return stat[stat.rfind(")") + 2:].split()[0]
