@@ -1,0 +1,364 @@
+"""Overload a supervised server until it breaks: mixed load on a CPU kept saturated.
+
+    .venv/bin/python perf/overload.py [--runs 10] [--minutes 3] [--clients 20] [--burners N]
+
+Each run starts its own supervised tritonserver (committed model_repository) and the speech API,
+records every "exact" request served alone, then starts `--burners` busy processes (default 8x
+the cores) and `--clients` client threads for `--minutes`. Each client loops over:
+
+- gRPC and HTTP (speech API, pcm) requests for hibari and the tiny Qwen3-TTS, greedy and seeded,
+  whose audio must equal the same request served alone (bit for bit: no cross-talk under load);
+- hang-ups after the first chunk (gRPC stream cancel, HTTP disconnect);
+- bursts of more Qwen3 streams than the engine's `max_num_seqs` at once.
+
+A request that has neither finished nor failed `--bound-s` after it started is a wedge. A server
+crash is a tritonserver restart by the supervisor (or a dead supervisor); a pipeline reload is a
+heal. Every error must carry a stable code. Per run it prints requests, errors by code, wedges,
+mismatches, crashes, heals, the 2.51 async-execute race's log line ("Cannot remove future"), p50 /
+p95 time to first audio per interface, and the load average; exit status 1 when any run had a
+crash, a wedge, a mismatch, a heal or an uncoded error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+import tritonclient.grpc as grpcclient  # noqa: E402
+
+from client.speech_api.process import ShimProcess  # noqa: E402
+from client.triton_process import TritonProcess  # noqa: E402
+from omni_backend.errors import error_code  # noqa: E402
+
+QWEN = "qwen3_tts_tiny_random"
+LONG = " ".join(f"This is sentence number {i} of a long story." for i in range(40))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A request whose output is fixed: served under load it must equal its solo output."""
+    model: str
+    text: str
+    params: tuple = ()
+    http: bool = True      # the speech API has no do_sample: greedy Qwen3 is gRPC only
+
+    @property
+    def params_dict(self) -> dict:
+        return dict(self.params)
+
+    def http_body(self) -> dict:
+        body = {"model": self.model, "input": self.text, "response_format": "pcm",
+                "voice": "heart" if self.model == "hibari" else "vivian"}
+        for key, value in self.params:
+            body[key] = value
+        return body
+
+
+VARIANTS = [
+    Variant("hibari", "The quick brown fox jumps over the lazy dog."),
+    Variant("hibari", "Seeded speech sounds the same every time.", (("seed", 3),)),
+    Variant(QWEN, "Greedy decoding of a tiny random model.",
+            (("do_sample", False), ("subtalker_do_sample", False), ("max_new_tokens", 40)), http=False),
+    Variant(QWEN, "Seeded sampling is reproducible.", (("seed", 7), ("max_new_tokens", 40))),
+]
+
+
+@dataclass
+class Outcome:
+    kind: str
+    interface: str
+    start: float
+    ttfa_s: float | None = None
+    end: str = "wedged"         # ok | cancelled | <error message> | wedged
+    mismatch: bool = False
+    variant: Variant | None = None
+
+
+@dataclass
+class RunStats:
+    outcomes: list[Outcome] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, o: Outcome) -> None:
+        with self.lock:
+            self.outcomes.append(o)
+
+
+# ------------------------------------------------------------------ clients
+
+def grpc_stream(url: str, variant: Variant, text: str | None, hang_up: bool, bound_s: float,
+                out: Outcome) -> bytes:
+    """Stream over gRPC; the audio as float32 bytes. Sets out.end / out.ttfa_s."""
+    client = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    inputs = [grpcclient.InferInput("TEXT", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([(text or variant.text).encode()], dtype=np.object_))
+    if variant.params:
+        inputs.append(grpcclient.InferInput("PARAMS", [1], "BYTES"))
+        inputs[1].set_data_from_numpy(np.array([json.dumps(variant.params_dict).encode()], dtype=np.object_))
+    audio = []
+    try:
+        client.async_stream_infer(variant.model, inputs, enable_empty_final_response=True)
+        deadline = out.start + bound_s
+        while True:
+            try:
+                result, error = responses.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                out.end = "wedged"
+                return b""
+            if error is not None:
+                out.end = error.message()
+                return b""
+            chunk = result.as_numpy("AUDIO")
+            if chunk is not None and chunk.size:
+                if out.ttfa_s is None:
+                    out.ttfa_s = time.monotonic() - out.start
+                audio.append(chunk.astype(np.float32).tobytes())
+                if hang_up:
+                    time.sleep(random.random() * 0.05)
+                    out.end = "cancelled"
+                    return b""
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                out.end = "ok"
+                return b"".join(audio)
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
+def http_stream(shim_url: str, variant: Variant, text: str | None, hang_up: bool, bound_s: float,
+                out: Outcome) -> bytes:
+    body = variant.http_body()
+    if text:
+        body["input"] = text
+    data = bytearray()
+    try:
+        with httpx.Client(timeout=httpx.Timeout(bound_s, connect=10)) as http:
+            with http.stream("POST", f"{shim_url}/v1/audio/speech", json=body) as r:
+                if r.status_code != 200:
+                    r.read()
+                    try:
+                        err = r.json()["error"]
+                        out.end = f"http {r.status_code} {err.get('code')}: {err.get('message')}"
+                    except Exception:  # noqa: BLE001 - not the envelope: an uncoded error
+                        out.end = f"http {r.status_code} uncoded: {r.text[:200]}"
+                    return b""
+                for part in r.iter_bytes():
+                    if part and out.ttfa_s is None:
+                        out.ttfa_s = time.monotonic() - out.start
+                    data += part
+                    if hang_up and data:
+                        out.end = "cancelled"
+                        return b""
+                    if time.monotonic() - out.start > bound_s:
+                        out.end = "wedged"
+                        return b""
+        out.end = "ok"
+        return bytes(data)
+    except httpx.TimeoutException:
+        out.end = "wedged"
+        return b""
+    except httpx.HTTPError as e:
+        out.end = f"http transport: {type(e).__name__}: {e}"
+        return b""
+
+
+def served_alone(url: str, shim_url: str, bound_s: float) -> dict[tuple[str, Variant], bytes]:
+    refs = {}
+    for variant in VARIANTS:
+        for interface, fn, target in (("grpc", grpc_stream, url), ("http", http_stream, shim_url)):
+            if interface == "http" and not variant.http:
+                continue
+            out = Outcome("reference", interface, time.monotonic())
+            audio = fn(target, variant, None, False, bound_s, out)
+            if out.end != "ok" or not audio:
+                raise RuntimeError(f"reference {interface} {variant.model}: {out.end}")
+            refs[(interface, variant)] = audio
+    return refs
+
+
+class Client(threading.Thread):
+    def __init__(self, url: str, shim_url: str, refs: dict, stats: RunStats, stop: threading.Event,
+                 bound_s: float, burst_size: int, seed: int):
+        super().__init__(daemon=True)
+        self.url, self.shim_url, self.refs, self.stats, self.stop = url, shim_url, refs, stats, stop
+        self.bound_s, self.burst_size = bound_s, burst_size
+        self.rng = random.Random(seed)
+
+    def one(self, kind: str, interface: str, variant: Variant, text: str | None = None,
+            hang_up: bool = False) -> None:
+        out = Outcome(kind, interface, time.monotonic(), variant=variant)
+        fn, target = (grpc_stream, self.url) if interface == "grpc" else (http_stream, self.shim_url)
+        try:
+            audio = fn(target, variant, text, hang_up, self.bound_s, out)
+        except Exception as e:  # noqa: BLE001 - a client library failure is an outcome too
+            out.end = f"client: {type(e).__name__}: {e}"
+            audio = b""
+        if out.end == "ok" and kind == "exact":
+            ref = self.refs[(interface, variant)]
+            out.mismatch = audio != ref
+            if out.mismatch:
+                print(f"MISMATCH {interface} {variant}: {len(audio)} bytes vs {len(ref)} served alone", flush=True)
+        self.stats.add(out)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            r = self.rng.random()
+            interface = "grpc" if self.rng.random() < 0.5 else "http"
+            variant = self.rng.choice([v for v in VARIANTS if v.http or interface == "grpc"])
+            if r < 0.45:
+                self.one("exact", interface, variant)
+            elif r < 0.85:
+                self.one("hang-up", interface, variant, LONG, hang_up=True)
+            else:   # a burst: more Qwen3 streams than the engine has slots, all at once
+                burst = [threading.Thread(target=self.one, args=("burst", "grpc", VARIANTS[3]), daemon=True)
+                         for _ in range(self.burst_size)]
+                for t in burst:
+                    t.start()
+                for t in burst:
+                    t.join(self.bound_s + 10)
+
+
+# ------------------------------------------------------------------ one run
+
+def burners(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def server_pid(server: TritonProcess) -> int | None:
+    try:
+        return int(Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def run_once(args, number: int) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"omni-overload-{number}-"))
+    server = TritonProcess(ROOT / "model_repository", log_path=work / "tritonserver.log").start(timeout_s=300)
+    shim = ShimProcess([server.grpc_url], log_path=work / "shim.log").start()
+    procs: list[subprocess.Popen] = []
+    stats = RunStats()
+    try:
+        first_pid = server_pid(server)
+        refs = served_alone(server.grpc_url, shim.url, args.bound_s)
+        procs = burners(args.burners)
+        time.sleep(1.0)
+        stop = threading.Event()
+        clients = [Client(server.grpc_url, shim.url, refs, stats, stop, args.bound_s, args.burst, seed=number * 1000 + i)
+                   for i in range(args.clients)]
+        t0 = time.monotonic()
+        for c in clients:
+            c.start()
+        loads = []
+        while time.monotonic() - t0 < args.minutes * 60:
+            time.sleep(5)
+            loads.append(os.getloadavg()[0])
+            if server.proc.poll() is not None:
+                break
+        stop.set()
+        for c in clients:   # a wedged request returns at its bound
+            c.join(args.bound_s + 30)
+        duration = time.monotonic() - t0
+        still_running = sum(c.is_alive() for c in clients)
+        log = server.log_text()
+        supervisor_dead = server.proc.poll() is not None
+        restarts = log.count("tritonserver exited with") + (1 if supervisor_dead else 0)
+        crashed = restarts > 0 or server_pid(server) != first_pid
+        o = stats.outcomes
+        errors: dict[str, int] = {}
+        uncoded = 0
+        for x in o:
+            if x.end not in ("ok", "cancelled", "wedged"):
+                code = x.end.split(" ")[2].rstrip(":") if x.end.startswith("http ") and " " in x.end else error_code(x.end)
+                if "uncoded" in x.end or x.end.startswith(("client:", "http transport")):
+                    uncoded += 1
+                    code = "uncoded"
+                errors[code] = errors.get(code, 0) + 1
+        result = {
+            "run": number, "duration_s": round(duration, 1), "requests": len(o),
+            "ok": sum(x.end == "ok" for x in o), "hang_ups": sum(x.end == "cancelled" for x in o),
+            "errors": errors, "uncoded": uncoded,
+            "wedges": sum(x.end == "wedged" for x in o) + still_running,
+            "mismatches": sum(x.mismatch for x in o),
+            "exact_checked": sum(x.kind == "exact" and x.end == "ok" for x in o),
+            "crashes": int(crashed), "heals": log.count("reloading "),
+            "keyerrors": log.count("Cannot remove future"),
+            "segv": log.count("Signal (11)") + log.count("lock_exception"),
+            "ttfa_grpc_p50_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "grpc" and x.ttfa_s], 0.5),
+            "ttfa_grpc_p95_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "grpc" and x.ttfa_s], 0.95),
+            "ttfa_http_p50_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "http" and x.ttfa_s], 0.5),
+            "ttfa_http_p95_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "http" and x.ttfa_s], 0.95),
+            "load_avg": round(statistics.mean(loads), 1) if loads else float("nan"),
+            "log": str(work),
+        }
+        return result
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+        shim.stop()
+        server.stop()
+
+
+def failed(r: dict) -> bool:
+    return bool(r["crashes"] or r["wedges"] or r["mismatches"] or r["heals"] or r["uncoded"] or r["segv"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--minutes", type=float, default=3.0)
+    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--burners", type=int, default=8 * (os.cpu_count() or 1), help="busy processes (default 8x cores)")
+    ap.add_argument("--burst", type=int, default=12, help="streams per burst (the tiny Qwen3 has 8 slots)")
+    ap.add_argument("--bound-s", type=float, default=180.0, help="a request not ended by then is a wedge")
+    ap.add_argument("--json", help="append each run's result to this file (JSON lines)")
+    args = ap.parse_args(argv)
+    print(f"{args.runs} runs x {args.minutes} min, {args.clients} clients, {args.burners} busy processes "
+          f"on {os.cpu_count()} cores, bound {args.bound_s:.0f} s", flush=True)
+    header = (f"{'run':>3} {'reqs':>5} {'ok':>5} {'hang':>5} {'exact':>5} {'mism':>4} {'wedge':>5} {'crash':>5} "
+              f"{'heal':>4} {'keyerr':>6} {'grpc p50/p95 ms':>16} {'http p50/p95 ms':>16} {'load':>5}  errors")
+    results = []
+    for n in range(1, args.runs + 1):
+        r = run_once(args, n)
+        results.append(r)
+        if n == 1:
+            print(header)
+        print(f"{n:>3} {r['requests']:>5} {r['ok']:>5} {r['hang_ups']:>5} {r['exact_checked']:>5} {r['mismatches']:>4} "
+              f"{r['wedges']:>5} {r['crashes']:>5} {r['heals']:>4} {r['keyerrors']:>6} "
+              f"{r['ttfa_grpc_p50_ms']:>7.0f}/{r['ttfa_grpc_p95_ms']:<8.0f} {r['ttfa_http_p50_ms']:>7.0f}/{r['ttfa_http_p95_ms']:<8.0f} "
+              f"{r['load_avg']:>5}  {r['errors'] or '-'}{'  FAILED, logs: ' + r['log'] if failed(r) else ''}", flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(r) + "\n")
+    bad = [r for r in results if failed(r)]
+    print(f"{len(results) - len(bad)} of {len(results)} runs clean")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
