@@ -44,6 +44,9 @@ class TritonEndpoint:
         self.healthy = False
         self.active = 0
         self.pipelines: dict[str, str | None] = {}   # pipeline -> model path (entry parameter), ready ones
+        self.seen: set[str] = set()                   # every pipeline this endpoint has served
+        self.unready: set[str] = set()                # seen, but its models are not all READY now
+        self.avoid: dict[str, float] = {}             # pipeline -> until when new streams go elsewhere
         self.configs: dict[str, dict] = {}
         self.last_pick = 0
         self.last_error = "not probed yet"
@@ -70,20 +73,44 @@ class TritonEndpoint:
 
 
 class PoolStream:
-    """One Triton stream on one endpoint; iterate (audio, rate) chunks, then `aclose()`."""
+    """One Triton stream on one endpoint; iterate (audio, rate) chunks, then `aclose()`.
 
-    def __init__(self, endpoint: TritonEndpoint, source: AsyncIterator, first: tuple[np.ndarray, int] | None):
+    A stream whose pipeline the prober sees unloaded on its server (the supervisor restarting it
+    after its entry's stub died) ends with a 503: Triton 2.51 cannot answer the streams of a dead
+    entry, they would hang."""
+
+    def __init__(self, endpoint: TritonEndpoint, source: AsyncIterator, first: tuple[np.ndarray, int] | None,
+                 pipeline: str = "", watch_s: float = 0.5):
         self.endpoint = endpoint
         self._source = source
         self.first = first
+        self.pipeline = pipeline
+        self.watch_s = watch_s
         self._closed = False
+
+    async def _next(self, it: AsyncIterator):
+        pending = asyncio.ensure_future(it.__anext__())
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=self.watch_s)
+            if done:
+                return pending.result()
+            if self.pipeline in self.endpoint.unready:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+                raise no_backend(f"'{self.pipeline}' is restarting on Triton at {self.endpoint.url}; "
+                                 "the stream was cut, retry")
 
     async def chunks(self) -> AsyncIterator[tuple[np.ndarray, int]]:
         if self.first is None:
             return
         yield self.first
+        it = self._source.__aiter__()
         try:
-            async for chunk in self._source:
+            while True:
+                try:
+                    chunk = await self._next(it)
+                except StopAsyncIteration:
+                    return
                 yield chunk
         except grpc.RpcError as e:
             self.endpoint.mark_down(f"{e.code().name}: {e.details()}")
@@ -170,6 +197,8 @@ class TritonPool:
             ep.probed_at = time.monotonic()
             return
         ep.pipelines = pipelines
+        ep.seen |= set(pipelines)
+        ep.unready = ep.seen - set(pipelines)
         ep.healthy = True
         ep.probed_at = time.monotonic()
         for name, model_path in pipelines.items():
@@ -190,8 +219,10 @@ class TritonPool:
         return [ep.status() for ep in self.endpoints]
 
     def choose(self, pipeline: str, skip: list[TritonEndpoint]) -> TritonEndpoint | None:
+        now = time.monotonic()
         candidates = [ep for ep in self.endpoints
-                      if ep.healthy and pipeline in ep.pipelines and ep not in skip]
+                      if ep.healthy and pipeline in ep.pipelines and ep not in skip
+                      and ep.avoid.get(pipeline, 0.0) <= now]
         if not candidates:
             return None
         return min(candidates, key=lambda ep: (ep.active, ep.last_pick))
@@ -237,8 +268,8 @@ class TritonPool:
                     continue
                 error = from_triton(message)
                 if error.status in (429, 503):  # at capacity, draining, restarting: try another
-                    if error.status == 503:     # and not this one again until the prober says so
-                        ep.pipelines.pop(pipeline, None)
+                    if error.status == 503:     # draining or restarting: not this one for a while
+                        ep.avoid[pipeline] = time.monotonic() + max(2.0, 2 * self.probe_interval_s)
                     busy = error
                     skip.append(ep)
                     continue
@@ -247,4 +278,4 @@ class TritonPool:
                 ep.active -= 1
                 await source.aclose()
                 raise
-            return PoolStream(ep, source, first)
+            return PoolStream(ep, source, first, pipeline, min(0.5, self.probe_interval_s))

@@ -138,10 +138,14 @@ def own_server(tmp_path):
         server.stop()
 
 
-def test_a_killed_stage_is_noticed_and_the_pipeline_heals(own_server, tmp_path):
+def test_a_killed_stage_is_noticed_and_the_pipeline_heals(own_server, triton, tmp_path):
     server = own_server
     shim = ShimProcess([server.grpc_url], log_path=tmp_path / "shim.log", extra_args=["--probe-interval", "0.5"])
     shim.start()
+    # a second speech API over this server and the session's: it routes around the reload
+    pair = ShimProcess([server.grpc_url, triton.grpc_url], log_path=tmp_path / "pair.log",
+                       extra_args=["--probe-interval", "0.5"])
+    pair.start()
     try:
         streams = [Stream(server.grpc_url, QWEN, f"Stream number {i} talks for a long time.", LONG).start()
                    for i in range(4)]
@@ -164,6 +168,12 @@ def test_a_killed_stage_is_noticed_and_the_pipeline_heals(own_server, tmp_path):
         hibari = Stream(server.grpc_url, "hibari", "Still here.").start()
         hibari.wait(60)
         assert hibari.end == "final" and hibari.chunks >= 1
+        for _ in range(3):
+            r = httpx.post(f"{pair.url}/v1/audio/speech", timeout=60,
+                           json={"model": QWEN, "input": "Routed to the healthy server.", "voice": "vivian",
+                                 "response_format": "wav"})
+            assert r.status_code == 200 and r.headers["x-omni-model"] == QWEN, r.text[:300]
+        assert pair.health() == 200   # every pipeline is still served by one of its servers
         # a request that arrives meanwhile gets an answer our clients code as unavailable
         # (Triton's own "no available versions" while the entry reloads), not a hang
         early = Stream(server.grpc_url, QWEN, "Too early.").start()
@@ -187,6 +197,7 @@ def test_a_killed_stage_is_noticed_and_the_pipeline_heals(own_server, tmp_path):
         assert metric(server.metrics_url, "omni_stage_active_requests", model=f"{QWEN}__talker") == 0
         assert "reloaded" in server.log_text()
     finally:
+        pair.stop()
         shim.stop()
 
 
@@ -212,6 +223,47 @@ def test_a_frozen_stage_is_killed_and_reloaded(own_server):
             os.kill(synthesizer[0].pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_a_killed_entry_ends_its_speech_api_streams(own_server, tmp_path):
+    """Triton 2.51 cannot answer the streams of an entry whose stub died; the speech API sees the
+    pipeline unloaded for its restart and ends them with an error event (gRPC clients that talk
+    to Triton directly keep waiting: README, known limits)."""
+    server = own_server
+    shim = ShimProcess([server.grpc_url], log_path=tmp_path / "shim.log", extra_args=["--probe-interval", "0.5"])
+    shim.start()
+    events: list[list[dict]] = [[], []]
+    ended: list[float | None] = [None, None]
+
+    def listen(i: int) -> None:
+        body = {"model": "hibari", "voice": "heart", "input": HIBARI_LONG, "speed": 0.5,
+                "response_format": "pcm", "stream_format": "sse"}
+        with httpx.stream("POST", f"{shim.url}/v1/audio/speech", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events[i].append(json.loads(line[6:]))
+        ended[i] = time.monotonic()
+
+    try:
+        threads = [threading.Thread(target=listen, args=(i,), daemon=True) for i in range(2)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: all(events), 60)
+        killed_at = time.monotonic()
+        os.kill(stage_stubs(server, "hibari")[0].pid, signal.SIGKILL)
+        for t in threads:
+            t.join(15)
+        for i in range(2):
+            assert ended[i] is not None and ended[i] - killed_at < 5.0
+            last = events[i][-1]
+            assert last["type"] == "speech.audio.error", last
+            assert last["error"]["code"] == "service_unavailable", last
+        wait_until(lambda: shim.health() == 200, 120, 0.2)
+        r = httpx.post(f"{shim.url}/v1/audio/speech", timeout=60,
+                       json={"model": "hibari", "voice": "heart", "input": "Back.", "response_format": "wav"})
+        assert r.status_code == 200, r.text[:300]
+    finally:
+        shim.stop()
 
 
 def _regions_of(stub_list: list[stubs.Stub]) -> set[str]:
