@@ -1,0 +1,299 @@
+"""Soak: many clients for many minutes against one server; does any process's memory grow?
+
+    .venv/bin/python perf/soak.py [--minutes 30] [--clients 16] [--hangup 0.2] [--http 0.5]
+
+Starts its own tritonserver on the committed model_repository (client/triton_process.py) and the
+speech API (client/speech_api/process.py). Each client loops: it picks a pipeline (hibari or
+qwen3_tts_tiny_random), a transport (gRPC streaming to Triton, or POST /v1/audio/speech to the
+speech API in a random format), a text of 1-4 sentences and random parameters; a share of the
+requests hang up after their first audio. Every minute a row: requests ended, errors by code,
+p50/p95 time to first audio (TTFA, from sending the request to the first audio chunk / body byte),
+and the resident memory (VmRSS of /proc/<pid>/status) of every process: tritonserver, each Python
+stub (named by its model: its command line holds model_repository/<model>/1/model.py), the
+supervisor, the speech API. At the end each process's growth against its value after the first
+minute; exit status 1 when any grew more than --max-growth (5 %) or any request failed.
+
+Not a test (it takes half an hour); logs go to a temporary folder printed at the start.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from client.speech_api.process import ShimProcess  # noqa: E402
+from client.triton_process import TritonProcess  # noqa: E402
+from client.triton_stream import TritonStreamError, astream  # noqa: E402
+
+PIPELINES = ("hibari", "qwen3_tts_tiny_random")
+FORMATS = ("pcm", "wav", "mp3", "opus", "flac", "aac")
+WORDS = ("the quick brown fox jumps over a lazy dog while she sells sea shells by the shore and "
+         "people paid to hear it read aloud streaming servers speak clearly tonight about memory "
+         "zorblax quintessential flibbertigibbet Triton inference").split()
+STUB_MODEL = re.compile(r"model_repository/([^/\s]+)/1/model\.py")
+
+
+def sentence_text(rng: random.Random) -> str:
+    """1-4 sentences of 2-25 words, some with numbers and made-up words (the OOV path)."""
+    sentences = []
+    for _ in range(rng.randint(1, 4)):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(2, 25))]
+        if rng.random() < 0.3:
+            words.append(str(rng.randint(0, 100_000)))
+        sentences.append(" ".join(words).capitalize() + rng.choice(".!?"))
+    return " ".join(sentences)
+
+
+@dataclass
+class Outcome:
+    ended_s: float
+    ttfa_s: float | None
+    error: str | None        # the error's code, None when it went well (hang-ups included)
+
+
+@dataclass
+class Load:
+    outcomes: list[Outcome] = field(default_factory=list)
+    stop: bool = False
+
+
+def error_code(message: str) -> str:
+    head = message.split(":", 1)[0].strip()
+    return head if re.fullmatch(r"[a-z_]+", head) else "other"
+
+
+async def grpc_request(grpc, pipeline: str, text: str, params: dict, hang_up: bool) -> float | None:
+    t0 = time.perf_counter()
+    ttfa = None
+    chunks = astream(grpc, pipeline, text, params)
+    try:
+        async for _ in chunks:
+            if ttfa is None:
+                ttfa = time.perf_counter() - t0
+                if hang_up:
+                    break
+    finally:
+        await chunks.aclose()   # ends the gRPC stream: Triton cancels the request
+    return ttfa
+
+
+async def http_request(http: httpx.AsyncClient, url: str, body: dict, hang_up: bool) -> float | None:
+    t0 = time.perf_counter()
+    ttfa = None
+    async with http.stream("POST", f"{url}/v1/audio/speech", json=body) as response:
+        if response.status_code != 200:
+            detail = (await response.aread()).decode(errors="replace")[:200]
+            raise TritonStreamError(f"http_{response.status_code}: {detail}")
+        async for chunk in response.aiter_raw():
+            if chunk and ttfa is None:
+                ttfa = time.perf_counter() - t0
+                if hang_up:
+                    break   # leaving the block closes the connection mid-body
+    return ttfa
+
+
+async def client_loop(n: int, args: argparse.Namespace, grpc, http: httpx.AsyncClient, shim_url: str,
+                      load: Load) -> None:
+    rng = random.Random(args.seed * 1000 + n)
+    while not load.stop:
+        pipeline = rng.choice(args.pipelines)
+        text = sentence_text(rng)
+        hang_up = rng.random() < args.hangup
+        seed = rng.randint(0, 2**31)
+        if pipeline == "hibari":
+            params = {"speed": round(rng.uniform(0.5, 2.0), 2), "seed": seed}
+        else:   # random weights never stop by themselves: bound the utterance (12.5 frames/s)
+            params = {"seed": seed, "max_new_tokens": rng.randint(10, 60)}
+        try:
+            if rng.random() < args.http:
+                body = {"model": pipeline, "input": text, "voice": "alloy",
+                        "response_format": rng.choice(FORMATS), **params}
+                ttfa = await asyncio.wait_for(http_request(http, shim_url, body, hang_up), args.timeout)
+            else:
+                ttfa = await asyncio.wait_for(grpc_request(grpc, pipeline, text, params, hang_up), args.timeout)
+            error = None if ttfa is not None else "no_audio"
+        except TritonStreamError as e:
+            ttfa, error = None, error_code(str(e))
+        except asyncio.TimeoutError:
+            ttfa, error = None, "timeout"
+        except Exception as e:  # noqa: BLE001 - a transport failure is counted, the client goes on
+            ttfa, error = None, f"exception_{type(e).__name__}"
+        load.outcomes.append(Outcome(time.monotonic(), ttfa, error))
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def process_name(pid: int) -> str | None:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    cmd = " ".join(a.decode(errors="replace") for a in argv)
+    stub = STUB_MODEL.search(cmd)
+    if stub:
+        return stub.group(1)
+    if "omni_backend.supervisor" in cmd:
+        return "supervisor"
+    if argv and Path(argv[0].decode(errors="replace")).name == "tritonserver":
+        return "tritonserver"
+    return None
+
+
+def status_kb(pid: int) -> dict[str, int]:
+    """VmRSS and its parts (RssAnon, RssFile, RssShmem) and VmHWM, in KiB."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                out[key] = int(value.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def processes(server_pid: int, shim_pid: int) -> dict[str, int]:
+    """name -> pid for the server's process tree and the speech API."""
+    named = {"speech_api": shim_pid}
+    for pid in descendants(server_pid):
+        name = process_name(pid)
+        if name:
+            named.setdefault(name, pid)
+    return named
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
+
+
+async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProcess) -> int:
+    import tritonclient.grpc.aio as aioclient
+
+    load = Load()
+    grpc = aioclient.InferenceServerClient(server.grpc_url)
+    limits = httpx.Limits(max_connections=2 * args.clients, max_keepalive_connections=2 * args.clients)
+    http = httpx.AsyncClient(timeout=args.timeout, limits=limits)
+    tasks = [asyncio.create_task(client_loop(n, args, grpc, http, shim.url, load)) for n in range(args.clients)]
+    names: list[str] = []
+    rows: list[dict[str, int]] = []       # per minute: name -> VmRSS KiB
+    pids: dict[str, int] = {}
+    restarts: Counter = Counter()
+    errors_total: Counter = Counter()
+    requests_total = 0
+    start = time.monotonic()
+    seen = 0
+    try:
+        for minute in range(1, args.minutes + 1):
+            await asyncio.sleep(max(0.0, start + minute * args.interval_s - time.monotonic()))
+            for t in tasks:
+                if t.done() and t.exception():
+                    raise t.exception()
+            now = processes(server.proc.pid, shim.proc.pid)
+            for name, pid in now.items():
+                if name in pids and pids[name] != pid:
+                    restarts[name] += 1      # a new process: its memory starts over
+                pids[name] = pid
+            if not names:
+                names = sorted(now, key=lambda n: (n not in ("tritonserver", "supervisor"), n == "speech_api", n))
+                print(f"{'min':>3} {'reqs':>5} {'p50 ms':>7} {'p95 ms':>7}  "
+                      + " ".join(f"{n:>{max(8, len(n))}}" for n in names) + "  errors  (RSS in MB)", flush=True)
+            window = load.outcomes[seen:]
+            seen += len(window)
+            ttfas = [o.ttfa_s * 1e3 for o in window if o.ttfa_s is not None]
+            errs = Counter(o.error for o in window if o.error)
+            errors_total.update(errs)
+            requests_total += len(window)
+            rss = {n: status_kb(pids[n]).get("VmRSS", 0) if n in pids else 0 for n in names}
+            rows.append(rss)
+            print(f"{minute:>3} {len(window):>5} {pct(ttfas, 50):>7.0f} {pct(ttfas, 95):>7.0f}  "
+                  + " ".join(f"{rss[n] / 1024:>{max(8, len(n))}.1f}" for n in names)
+                  + "  " + (" ".join(f"{k}={v}" for k, v in sorted(errs.items())) or "-"), flush=True)
+    finally:
+        load.stop = True
+        await asyncio.wait(tasks, timeout=args.timeout + 5)
+        for t in tasks:
+            t.cancel()
+        await http.aclose()
+        await grpc.close()
+
+    failed = bool(errors_total)
+    print(f"\n{requests_total} requests, errors: "
+          + (" ".join(f"{k}={v}" for k, v in sorted(errors_total.items())) or "none"))
+    if len(rows) >= 2:
+        print(f"\n{'process':<40} {'min 1 MB':>9} {'last MB':>9} {'growth':>8} {'peak MB':>9} "
+              f"{'anon MB':>8} {'shmem MB':>9}")
+        for n in names:
+            first, last = rows[0][n], rows[-1][n]
+            growth = (last - first) / first * 100 if first else float("nan")
+            st = status_kb(pids[n]) if n in pids else {}
+            over = not first or growth > args.max_growth or restarts[n] > 0
+            failed |= over
+            note = (f"  restarted x{restarts[n]}" if restarts[n] else "") + ("  <- grew" if over else "")
+            print(f"{n:<40} {first / 1024:>9.1f} {last / 1024:>9.1f} {growth:>7.1f}% "
+                  f"{st.get('VmHWM', 0) / 1024:>9.1f} {st.get('RssAnon', 0) / 1024:>8.1f} "
+                  f"{st.get('RssShmem', 0) / 1024:>9.1f}{note}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=int, default=30)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--hangup", type=float, default=0.2, help="share of requests that hang up after the first audio")
+    ap.add_argument("--http", type=float, default=0.5, help="share of requests sent through the speech API")
+    ap.add_argument("--pipelines", default=",".join(PIPELINES))
+    ap.add_argument("--max-growth", type=float, default=5.0, help="percent over the first minute's RSS")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take")
+    ap.add_argument("--interval-s", type=float, default=60.0, help="seconds per row (a minute)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    args.pipelines = args.pipelines.split(",")
+    work = Path(tempfile.mkdtemp(prefix="omni-soak-"))
+    print(f"logs in {work}; {args.clients} clients for {args.minutes} x {args.interval_s:g} s "
+          f"over {', '.join(args.pipelines)}", flush=True)
+    server = TritonProcess(ROOT / "model_repository", log_path=work / "tritonserver.log").start(timeout_s=600)
+    try:
+        shim = ShimProcess([server.grpc_url], log_path=work / "speech_api.log").start()
+        try:
+            return asyncio.run(soak(args, server, shim))
+        finally:
+            shim.stop()
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
