@@ -85,6 +85,21 @@ def parse_exe_name(pid: int) -> str:
     return Path(argv0).name
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used (0 when it is gone)."""
+    stat = _read(f"/proc/{pid}/stat").decode(errors="replace")
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS if len(fields) > 12 else 0.0
+
+
+def stopped(stub: Stub) -> bool:
+    """Stopped by a signal (SIGSTOP, SIGTSTP) or a tracer: it will answer nothing."""
+    return _ppid_and_state(stub.pid)[1] in ("T", "t")
+
+
 def alive(stub: Stub) -> bool:
     """The stub is still running (not exited, not a zombie, its pid not reused)."""
     _, state = _ppid_and_state(stub.pid)

@@ -3,12 +3,16 @@ drain on SIGTERM, and leave no stub process or shared memory behind.
 
 Triton 2.51 neither restarts a decoupled model's dead stub nor reports it: requests fail with
 "Stub process ... is not healthy", open streams hang, and every readiness probe still says ready.
-So the supervisor pings each pipeline's entry model once a second (`CONTROL=ping`; the entry asks
-each of its stages), and when a pipeline fails it reloads that pipeline's models through Triton's
-model-control API: the entry first (its finalize ends every open stream with `unavailable:`),
-then the stages, then loads them again. While they are unloaded the server is not ready (strict
-readiness), so load balancers and the speech API route elsewhere; the other pipelines keep
-serving. A stub that is alive but stopped answering is killed before its model is unloaded.
+So the supervisor watches every stub process (one that exited or was stopped is handled at once)
+and pings each pipeline's entry model once a second (`CONTROL=ping`; the entry asks each of its
+stages). A pipeline that stops answering is broken only when the silent model also stopped using
+CPU (`_wedged`): under overload pings wait behind real work, and reloading models under heavy
+load is itself risky in 2.51 (a SIGSEGV in `TRITONBACKEND_ModelInstanceFinalize` was seen when a
+pipeline was reloaded at a load average of 39 on 2 cores). A broken pipeline is reloaded through
+Triton's model-control API: the entry ends every open stream with `unavailable:` first, then the
+pipeline's models are unloaded and loaded again. While they are unloaded the server is not ready
+(strict readiness), so load balancers and the speech API route elsewhere; the other pipelines
+keep serving. A stage stub that is alive but stuck is killed before its model is unloaded.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from omni_backend.triton import server_binary
 log = logging.getLogger("omni.supervisor")
 PR_SET_PDEATHSIG = 1
 TICK_S = 0.25        # how often stub processes are checked for life
+CPU_PROGRESS_S = 0.05  # CPU a silent model must have used since its last answer to count as busy
 
 
 def _die_with_parent() -> None:
@@ -43,6 +48,7 @@ class PipelineState:
     pipeline: Pipeline
     last_ok: float
     stubs: list[stubs.Stub] = field(default_factory=list)   # as loaded: one per model instance
+    cpu_at_ok: dict[int, float] = field(default_factory=dict)  # each stub's CPU seconds at the last answer
     last_ping: float = 0.0
     pinging: bool = False
     healing: bool = False
@@ -68,12 +74,14 @@ class Supervisor:
             loop.add_signal_handler(sig, self._on_signal, sig)
         self._clean_leftovers()
         backoff = 1.0
+        ever_ready = False
         while True:
             started = time.monotonic()
             code, was_ready = await self._serve_once()
+            ever_ready = ever_ready or was_ready
             if self.stop_requested.is_set():
                 return 0
-            if not was_ready:
+            if not ever_ready:  # a repository or flag that never worked: a start-up error
                 log.error("tritonserver exited with %s before it was ready; not restarting", code)
                 return code or 1
             log.error("tritonserver exited with %s; %s", code,
@@ -155,16 +163,17 @@ class Supervisor:
                 self.regions.add(stub.region)
 
     def _check_stubs(self) -> None:
-        """A stub process that exited is noticed here at once (Triton would only notice it when
-        a request reaches it, and would still report the model ready)."""
+        """A stub process that exited or was stopped is noticed here at once (Triton would only
+        notice it when a request reaches it, and would still report the model ready)."""
         for state in self.states.values():
             if state.healing:
                 continue
-            dead = next((s for s in state.stubs if not stubs.alive(s)), None)
-            if dead is not None:
-                failure = PingFailed(f"unavailable: {dead.model}: its stub process {dead.pid} exited")
-                failure.dead, failure.model = True, dead.model
-                self._start_heal(state, failure)
+            for stub in state.stubs:
+                why = "exited" if not stubs.alive(stub) else "is stopped" if stubs.stopped(stub) else None
+                if why is not None:
+                    self._start_heal(state, PingFailed(f"unavailable: {stub.model}: its stub process {stub.pid} {why}",
+                                                       stub.model))
+                    break
 
     def _start_heal(self, state: PipelineState, failure: PingFailed) -> None:
         if self.opts.heal and not self.stop_requested.is_set():
@@ -184,12 +193,32 @@ class Supervisor:
         try:
             await self.control.ping(state.pipeline, self.opts.ping_timeout_secs)
             state.last_ok = time.monotonic()
+            state.cpu_at_ok = {s.pid: stubs.cpu_seconds(s.pid) for s in state.stubs}
         except PingFailed as failure:
-            silent_s = time.monotonic() - state.last_ok
-            if (failure.dead or silent_s >= self.opts.unresponsive_secs) and not state.healing:
+            if not state.healing and self._wedged(state, failure):
                 self._start_heal(state, failure)
         finally:
             state.pinging = False
+
+    def _wedged(self, state: PipelineState, failure: PingFailed) -> bool:
+        """Whether a pipeline that did not answer is broken, not just slow. A model whose stub is
+        gone or stopped is (the stub check sees those first). Under overload pings wait behind
+        real work, and Triton may even call a starved stub unhealthy: a model that does not
+        answer but keeps using CPU is busy, not stuck, until `unresponsive_secs`; one that does
+        not answer and uses no CPU for `stalled_secs` is stuck (a deadlock, a blocked loop)."""
+        silent_s = time.monotonic() - state.last_ok
+        if silent_s >= self.opts.unresponsive_secs:
+            return True
+        if silent_s < self.opts.stalled_secs:
+            return False
+        suspects = [s for s in state.stubs if s.model == failure.model] or state.stubs
+        used = sum(stubs.cpu_seconds(s.pid) - state.cpu_at_ok.get(s.pid, 0.0) for s in suspects)
+        if used >= CPU_PROGRESS_S:
+            log.warning("%s has not answered for %.0f s but %s is working (%.2f s of CPU): waiting",
+                        state.pipeline.name, silent_s, failure.model, used)
+            state.cpu_at_ok = {s.pid: stubs.cpu_seconds(s.pid) for s in state.stubs}
+            return False
+        return True
 
     async def _heal(self, state: PipelineState, failure: PingFailed) -> None:
         p = state.pipeline
@@ -219,6 +248,7 @@ class Supervisor:
         finally:
             self._record_stubs(state)
             state.last_ok = time.monotonic()
+            state.cpu_at_ok = {s.pid: stubs.cpu_seconds(s.pid) for s in state.stubs}
             state.healing = False
 
     async def _reload(self, p: Pipeline, why: str) -> None:

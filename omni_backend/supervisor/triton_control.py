@@ -25,13 +25,11 @@ class Pipeline:
 
 
 class PingFailed(Exception):
-    """A pipeline did not answer its ping; `dead` when Triton says a stub is gone."""
+    """A pipeline did not answer its ping (or one of its stubs is gone)."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, model: str | None = None):
         super().__init__(message)
-        self.dead = "is not healthy" in message
-        # the stage that failed, when the entry named it (`unavailable: <model>: ...`)
-        self.model: str | None = None
+        self.model = model   # the model that failed, when known (the entry names its stages)
 
 
 def _control_inputs(command: str, text: str = "") -> list:
@@ -119,9 +117,7 @@ class TritonControl:
         try:
             await asyncio.wait_for(self._control(pipeline.name, "ping", timeout_s), timeout_s + 0.5)
         except asyncio.TimeoutError:
-            failure = PingFailed(f"unavailable: {pipeline.name}: no answer in {timeout_s:.1f} s")
-            failure.model = pipeline.name
-            raise failure from None
+            raise PingFailed(f"unavailable: {pipeline.name}: no answer in {timeout_s:.1f} s", pipeline.name) from None
         except PingFailed as failure:
             failure.model = next((m for m in pipeline.stages if m in str(failure)), pipeline.name)
             raise

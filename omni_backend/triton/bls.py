@@ -17,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import PipelineError, error_code, with_code
 from omni_backend.triton.decoupled import bytes_tensor
+from omni_backend.triton.stage_liveness import StageLiveness
 
 
 class StageFailed(PipelineError):
@@ -59,8 +60,9 @@ class StageStream:
     """One streaming call to a stage; an async iterator of {output name: numpy array}."""
 
     def __init__(self, executor: Executor, model_name: str, request_id: str,
-                 inputs: list["pb_utils.Tensor"], outputs: list[str]):
+                 inputs: list["pb_utils.Tensor"], outputs: list[str], liveness: StageLiveness | None = None):
         self.executor = executor
+        self.liveness = liveness
         self.model_name = model_name
         self.request_id = request_id
         self.inputs = inputs
@@ -81,6 +83,8 @@ class StageStream:
             self._pending = loop.run_in_executor(self.executor, next, self._it, None)
             resp = await self._pending
             self._pending = None
+            if self.liveness is not None and resp is not None:
+                self.liveness.answered(self.model_name)
             if self._done:  # aclose() took over the iterator
                 return
             if resp is None:

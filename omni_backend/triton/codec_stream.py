@@ -23,14 +23,17 @@ from omni_backend.deploy import DeployConfig
 from omni_backend.errors import PipelineError
 from omni_backend.triton.bls import StageFailed
 from omni_backend.triton.decoupled import StreamContext
+from omni_backend.triton.stage_liveness import StageLiveness
 
 
-def _decode(model_name: str, codes: np.ndarray, left_context: int, request_id: str) -> np.ndarray:
+def _decode(model_name: str, codes: np.ndarray, left_context: int, request_id: str,
+            liveness: StageLiveness) -> np.ndarray:
     request = pb_utils.InferenceRequest(
         model_name=model_name, requested_output_names=["AUDIO"], request_id=request_id,
         inputs=[pb_utils.Tensor("CODES", np.ascontiguousarray(codes[None], dtype=np.int64)),
                 pb_utils.Tensor("LEFT_CONTEXT", np.array([[left_context]], dtype=np.int32))])
     response = request.exec()
+    liveness.answered(model_name)
     if response.has_error():
         raise StageFailed(response.error().message(), model_name)
     return pb_utils.get_output_tensor_by_name(response, "AUDIO").as_numpy().reshape(-1).copy()
@@ -45,7 +48,8 @@ class CodecStreamer:
 
     async def ping(self, request_id: str) -> None:
         """An empty window: the codec stage answers with no audio (liveness)."""
-        await self.entry.run_blocking(_decode, self.codec_model, np.zeros((1, 0), np.int64), 0, request_id)
+        await self.entry.run_blocking(_decode, self.codec_model, np.zeros((1, 0), np.int64), 0, request_id,
+                                      self.entry.liveness)
 
     def schedule(self, request: dict[str, Any]) -> CodecChunkSchedule:
         a = self.deploy.async_chunk
@@ -101,7 +105,7 @@ class CodecStreamer:
                 codes = np.stack(frames[start:offset + window.end_frame], axis=1)  # [q, frames]
                 audio = await self.entry.wait(ctx, self.entry.run_blocking(
                     _decode, self.codec_model, codes, left,
-                    f"{upstream.request_id}-w{window_no}"))
+                    f"{upstream.request_id}-w{window_no}", self.entry.liveness))
                 window_no += 1
                 emitted = window.end_frame
                 yield audio

@@ -27,6 +27,9 @@ from omni_backend.pipeline import get_pipeline
 from omni_backend.triton.bls import StageStream, ping_stage
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, bytes_tensor, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
+from omni_backend.triton.stage_liveness import StageLiveness
+
+STAGE_PING_TIMEOUT_S = 2.5   # under the supervisor's own 3 s, so the answer names the stage
 
 
 class PipelineEntry(DecoupledModel):
@@ -39,6 +42,7 @@ class PipelineEntry(DecoupledModel):
         self.metrics = PipelineMetrics(self.pipeline.name)
         self.metrics.active.set(0)   # a reloaded entry starts from the truth
         self.draining = False
+        self.liveness = StageLiveness()
         self.stage0 = self.pipeline.stage_model_name(self.pipeline.stages[0])
         self.codec = None
         if len(self.pipeline.stages) > 1:
@@ -59,10 +63,9 @@ class PipelineEntry(DecoupledModel):
         rid = f"ping-{uuid.uuid4().hex[:12]}"
         checks = []
         for stage in self.pipeline.stages:
-            if stage.decoupled:
-                checks.append(self.run_blocking(ping_stage, self.pipeline.stage_model_name(stage), rid))
-            elif self.codec is not None:
-                checks.append(self.codec.ping(rid))
+            name = self.pipeline.stage_model_name(stage)
+            ping = self.run_blocking(ping_stage, name, rid) if stage.decoupled else self.codec.ping(rid)
+            checks.append(self.liveness.check(name, ping, STAGE_PING_TIMEOUT_S))
         for result in await asyncio.gather(*checks, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
@@ -84,7 +87,7 @@ class PipelineEntry(DecoupledModel):
         rid = f"{ctx.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
         stream = StageStream(self.executor, self.stage0, rid,
                              [bytes_tensor("REQUEST", json.dumps(request)), bytes_tensor("REQUEST_ID", rid)],
-                             outputs)
+                             outputs, self.liveness)
         ctx.resources.append(stream)
         return stream
 

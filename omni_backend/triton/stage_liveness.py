@@ -1,0 +1,40 @@
+"""Whether an entry's stages answer: a ping succeeds when the stage answers it, or answers any
+other request after the ping went out. Under overload a ping can wait behind real work (a codec
+stage's batching queue); a stage that keeps answering real work is alive all the same."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Awaitable
+
+from omni_backend.errors import Unavailable
+
+
+def _drop(fut: "asyncio.Future") -> None:
+    if not fut.cancelled():
+        fut.exception()  # abandoned on purpose
+
+
+class StageLiveness:
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def answered(self, model: str) -> None:
+        """A stage answered something (any thread)."""
+        self._last[model] = time.monotonic()
+
+    async def check(self, model: str, ping: Awaitable, timeout_s: float) -> None:
+        """Raise the ping's own error, or Unavailable naming the stage after `timeout_s` of silence."""
+        start = time.monotonic()
+        fut = asyncio.ensure_future(ping)
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=0.05)
+            if done:
+                fut.result()
+                return
+            if self._last.get(model, 0.0) > start:
+                fut.add_done_callback(_drop)
+                return
+            if time.monotonic() - start > timeout_s:
+                fut.add_done_callback(_drop)
+                raise Unavailable(f"{model}: no answer in {timeout_s:.1f} s")
