@@ -43,6 +43,7 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 
 from client.speech_api.process import ShimProcess  # noqa: E402
 from client.triton_process import TritonProcess  # noqa: E402
+from client.triton_stream import coded  # noqa: E402
 from omni_backend.errors import error_code  # noqa: E402
 
 QWEN = "qwen3_tts_tiny_random"
@@ -122,8 +123,8 @@ def grpc_stream(url: str, variant: Variant, text: str | None, hang_up: bool, bou
             except queue.Empty:
                 out.end = "wedged"
                 return b""
-            if error is not None:
-                out.end = error.message()
+            if error is not None:   # coded as our gRPC client codes Triton's own messages
+                out.end = coded(error.message())
                 return b""
             chunk = result.as_numpy("AUDIO")
             if chunk is not None and chunk.size:
@@ -207,8 +208,8 @@ class Client(threading.Thread):
         fn, target = (grpc_stream, self.url) if interface == "grpc" else (http_stream, self.shim_url)
         try:
             audio = fn(target, variant, text, hang_up, self.bound_s, out)
-        except Exception as e:  # noqa: BLE001 - a client library failure is an outcome too
-            out.end = f"client: {type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - what our own gRPC client would report
+            out.end = coded(str(e)) if interface == "grpc" else f"client: {type(e).__name__}: {e}"
             audio = b""
         if out.end == "ok" and kind == "exact":
             ref = self.refs[(interface, variant)]
@@ -289,18 +290,22 @@ def run_once(args, number: int) -> dict:
         crashed = restarts > 0 or server_pid(server) != first_pid
         o = stats.outcomes
         errors: dict[str, int] = {}
-        uncoded = 0
+        uncoded: list[str] = []
         for x in o:
             if x.end not in ("ok", "cancelled", "wedged"):
-                code = x.end.split(" ")[2].rstrip(":") if x.end.startswith("http ") and " " in x.end else error_code(x.end)
-                if "uncoded" in x.end or x.end.startswith(("client:", "http transport")):
-                    uncoded += 1
+                if x.end.startswith("http ") and "uncoded" not in x.end:
+                    code = x.end.split(" ")[2].rstrip(":")     # the OpenAI envelope's code
+                elif x.end.startswith(("client:", "http transport")) or "uncoded" in x.end \
+                        or x.end.split(":", 1)[0] not in ("invalid_request", "unavailable", "internal"):
                     code = "uncoded"
+                    uncoded.append(x.end[:200])
+                else:
+                    code = error_code(x.end)
                 errors[code] = errors.get(code, 0) + 1
         result = {
             "run": number, "duration_s": round(duration, 1), "requests": len(o),
             "ok": sum(x.end == "ok" for x in o), "hang_ups": sum(x.end == "cancelled" for x in o),
-            "errors": errors, "uncoded": uncoded,
+            "errors": errors, "uncoded": len(uncoded), "uncoded_samples": sorted(set(uncoded))[:5],
             "wedges": sum(x.end == "wedged" for x in o) + still_running,
             "mismatches": sum(x.mismatch for x in o),
             "exact_checked": sum(x.kind == "exact" and x.end == "ok" for x in o),
@@ -352,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['wedges']:>5} {r['crashes']:>5} {r['heals']:>4} {r['keyerrors']:>6} "
               f"{r['ttfa_grpc_p50_ms']:>7.0f}/{r['ttfa_grpc_p95_ms']:<8.0f} {r['ttfa_http_p50_ms']:>7.0f}/{r['ttfa_http_p95_ms']:<8.0f} "
               f"{r['load_avg']:>5}  {r['errors'] or '-'}{'  FAILED, logs: ' + r['log'] if failed(r) else ''}", flush=True)
+        for sample in r["uncoded_samples"]:
+            print(f"      uncoded: {sample}", flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(r) + "\n")

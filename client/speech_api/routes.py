@@ -8,6 +8,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 
+from client.speech_api.catalog import OPENAI_MODEL_ALIASES
 from client.speech_api.encoders import CONTENT_TYPES
 from client.speech_api.encoders.pcm import PCM_RATE
 from client.speech_api.errors import ApiError, invalid_request, model_not_found, no_backend
@@ -40,6 +41,9 @@ async def _resolve(request: Request, model: str) -> str:
     if pipeline is None:
         if not shim.pool.any_healthy():
             raise no_backend("No Triton server is reachable", shim.config.retry_after_s * 2)
+        known = shim.catalog.default_pipeline if model in OPENAI_MODEL_ALIASES else model
+        if known in shim.pool.unserved():   # served before, being restarted now: come back soon
+            raise no_backend(f"The model '{model}' is restarting; retry shortly", shim.config.retry_after_s * 2)
         raise model_not_found(model, shim.catalog.model_names())
     return pipeline
 

@@ -32,7 +32,7 @@ from omni_backend.triton import server_binary
 log = logging.getLogger("omni.supervisor")
 PR_SET_PDEATHSIG = 1
 TICK_S = 0.25        # how often stub processes are checked for life
-CPU_PROGRESS_S = 0.05  # CPU a silent model must have used since its last answer to count as busy
+CPU_PROGRESS_S = 0.01  # CPU seconds per second a silent model must use to count as busy
 
 
 def _die_with_parent() -> None:
@@ -49,6 +49,7 @@ class PipelineState:
     last_ok: float
     stubs: list[stubs.Stub] = field(default_factory=list)   # as loaded: one per model instance
     cpu_at_ok: dict[int, float] = field(default_factory=dict)  # each stub's CPU seconds at the last answer
+    work_at_ok: float | None = None     # the pipeline's progress metric then (triton_control.progress)
     last_ping: float = 0.0
     pinging: bool = False
     healing: bool = False
@@ -190,35 +191,43 @@ class Supervisor:
                 self._spawn(self._probe(state))
 
     async def _probe(self, state: PipelineState) -> None:
+        loop = asyncio.get_running_loop()
         try:
             await self.control.ping(state.pipeline, self.opts.ping_timeout_secs)
-            state.last_ok = time.monotonic()
-            state.cpu_at_ok = {s.pid: stubs.cpu_seconds(s.pid) for s in state.stubs}
+            self._answered(state, await loop.run_in_executor(None, self.control.progress))
         except PingFailed as failure:
-            if not state.healing and self._wedged(state, failure):
+            work = await loop.run_in_executor(None, self.control.progress)
+            if not state.healing and self._wedged(state, failure, work):
                 self._start_heal(state, failure)
         finally:
             state.pinging = False
 
-    def _wedged(self, state: PipelineState, failure: PingFailed) -> bool:
-        """Whether a pipeline that did not answer is broken, not just slow. A model whose stub is
-        gone or stopped is (the stub check sees those first). Under overload pings wait behind
-        real work, and Triton may even call a starved stub unhealthy: a model that does not
-        answer but keeps using CPU is busy, not stuck, until `unresponsive_secs`; one that does
-        not answer and uses no CPU for `stalled_secs` is stuck (a deadlock, a blocked loop)."""
+    def _answered(self, state: PipelineState, work: dict[str, float] | None) -> None:
+        state.last_ok = time.monotonic()
+        state.cpu_at_ok = {s.pid: stubs.cpu_seconds(s.pid) for s in state.stubs}
+        state.work_at_ok = None if work is None else work.get(state.pipeline.name, 0.0)
+
+    def _wedged(self, state: PipelineState, failure: PingFailed, work: dict[str, float] | None) -> bool:
+        """Whether a pipeline that did not answer its ping is broken, not just slow. (A stub that
+        exited or was stopped is seen by the stub check first.) Under overload a ping waits in
+        Triton's queue behind every request, like the clients do: a pipeline that still finishes
+        requests or sends audio is slow, never broken. One that does neither for `stalled_secs`
+        is stuck when its silent model uses no CPU either (a deadlock, a blocked loop), and in any
+        case after `unresponsive_secs`."""
         silent_s = time.monotonic() - state.last_ok
-        if silent_s >= self.opts.unresponsive_secs:
-            return True
         if silent_s < self.opts.stalled_secs:
             return False
+        done = None if work is None else work.get(state.pipeline.name, 0.0)
+        if done is not None and state.work_at_ok is not None and done > state.work_at_ok:
+            log.warning("%s has not answered a ping for %.0f s but is serving: overloaded, not stuck",
+                        state.pipeline.name, silent_s)
+            self._answered(state, work)
+            return False
+        if silent_s >= self.opts.unresponsive_secs:
+            return True
         suspects = [s for s in state.stubs if s.model == failure.model] or state.stubs
         used = sum(stubs.cpu_seconds(s.pid) - state.cpu_at_ok.get(s.pid, 0.0) for s in suspects)
-        if used >= CPU_PROGRESS_S:
-            log.warning("%s has not answered for %.0f s but %s is working (%.2f s of CPU): waiting",
-                        state.pipeline.name, silent_s, failure.model, used)
-            state.cpu_at_ok = {s.pid: stubs.cpu_seconds(s.pid) for s in state.stubs}
-            return False
-        return True
+        return used < CPU_PROGRESS_S * silent_s
 
     async def _heal(self, state: PipelineState, failure: PingFailed) -> None:
         p = state.pipeline
@@ -247,8 +256,7 @@ class Supervisor:
                     backoff = min(backoff * 2, 30.0)
         finally:
             self._record_stubs(state)
-            state.last_ok = time.monotonic()
-            state.cpu_at_ok = {s.pid: stubs.cpu_seconds(s.pid) for s in state.stubs}
+            self._answered(state, await asyncio.get_running_loop().run_in_executor(None, self.control.progress))
             state.healing = False
 
     async def _reload(self, p: Pipeline, why: str) -> None:

@@ -135,13 +135,30 @@ class TritonControl:
     async def load(self, model: str, timeout_s: float = 600.0) -> None:
         await self.client.load_model(model, client_timeout=timeout_s)
 
-    def active_streams(self) -> float | None:
-        """The `omni_active_streams` gauges summed, or None without a metrics endpoint (blocking)."""
+    def _metrics(self) -> str | None:
         if not self.metrics_url:
             return None
         try:
-            with urllib.request.urlopen(self.metrics_url, timeout=1.0) as r:
-                text = r.read().decode(errors="replace")
+            with urllib.request.urlopen(self.metrics_url, timeout=2.0) as r:
+                return r.read().decode(errors="replace")
         except OSError:
             return None
+
+    def active_streams(self) -> float | None:
+        """The `omni_active_streams` gauges summed, or None without a metrics endpoint (blocking)."""
+        text = self._metrics()
+        if text is None:
+            return None
         return sum(float(v) for v in re.findall(r"^omni_active_streams\{[^}]*\} ([0-9.eE+-]+)$", text, re.M))
+
+    def progress(self) -> dict[str, float] | None:
+        """Per pipeline, requests finished plus seconds of audio sent: it grows while the
+        pipeline does any work at all (blocking; None without a metrics endpoint)."""
+        text = self._metrics()
+        if text is None:
+            return None
+        out: dict[str, float] = {}
+        pattern = r'^(?:omni_requests_total|omni_audio_seconds_total)\{[^}]*pipeline="([^"]+)"[^}]*\} ([0-9.eE+-]+)$'
+        for pipeline, value in re.findall(pattern, text, re.M):
+            out[pipeline] = out.get(pipeline, 0.0) + float(value)
+        return out
