@@ -1,0 +1,153 @@
+"""The supervisor's pieces that need no server: its command line, how it finds stub processes and
+stale shared memory, and how it tells a stuck pipeline from an overloaded one."""
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+import pytest
+
+from omni_backend.supervisor import stubs
+from omni_backend.supervisor.options import UsageError, parse
+from omni_backend.supervisor.supervisor import PipelineState, Supervisor
+from omni_backend.supervisor.triton_control import PingFailed, Pipeline
+
+
+def test_options_pass_tritonserver_flags_and_add_what_supervision_needs():
+    opts = parse(["--model-repository=/r", "--grpc-port", "9001", "--supervisor-drain-secs=2.5",
+                  "--supervisor-heal", "false", "--log-verbose=1"])
+    assert opts.drain_secs == 2.5 and opts.heal is False
+    assert opts.grpc_url == "localhost:9001"
+    assert "--supervisor-drain-secs=2.5" not in opts.server_args
+    assert {"--model-control-mode=explicit", "--load-model=*", "--strict-readiness=true",
+            "--exit-timeout-secs=3", "--log-verbose=1"} <= set(opts.server_args)
+    assert opts.explicit_models and opts.metrics_url == "http://localhost:8002/metrics"
+
+
+def test_options_keep_the_users_choices():
+    opts = parse(["--model-repository", "/r", "--model-control-mode=none", "--strict-readiness=false",
+                  "--allow-metrics=false"])
+    assert "--model-control-mode=explicit" not in opts.server_args
+    assert "--strict-readiness=true" not in opts.server_args
+    assert not opts.explicit_models and opts.metrics_url is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model-repository=/r", "--supervisor-drainsecs=1"], "--supervisor-drainsecs: unknown flag"),
+    (["--model-repository=/r", "--supervisor-drain-secs=0"], "must be > 0"),
+    (["--model-repository=/r", "--supervisor-heal=maybe"], "expected true or false"),
+    (["--model-repository=/r", "--supervisor-stalled-secs"], "needs a value"),
+    (["--http-port=1"], "--model-repository is required"),
+])
+def test_options_reject_what_they_do_not_know(argv, message):
+    with pytest.raises(UsageError, match=message):
+        parse(argv)
+
+
+@pytest.fixture
+def fake_stub(tmp_path):
+    """A process whose command line looks like a Python-backend stub's (a program that waits)."""
+    exe = tmp_path / stubs.STUB_NAME
+    source = tmp_path / "stub.c"
+    source.write_text("#include <unistd.h>\nint main(void) { pause(); return 0; }\n")
+    if shutil.which("cc") is None or subprocess.run(["cc", str(source), "-o", str(exe)]).returncode:
+        pytest.skip("no C compiler to build a fake stub")
+    region = f"{stubs.SHM_PREFIX}{uuid.uuid4()}"
+    model_file = tmp_path / "repo" / "talker" / "1" / "model.py"
+    proc = subprocess.Popen([str(exe), str(model_file), region])
+    time.sleep(0.2)
+    try:
+        yield proc, model_file, region
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_stub_is_read_from_its_command_line(fake_stub):
+    proc, model_file, region = fake_stub
+    stub = stubs.parse_stub(proc.pid)
+    assert stub == stubs.Stub(proc.pid, "talker", str(model_file), region)
+    assert stubs.alive(stub) and not stubs.stopped(stub)
+    assert stub in stubs.stubs_of(os.getpid())
+    os.kill(proc.pid, signal.SIGSTOP)
+    time.sleep(0.1)
+    assert stubs.stopped(stub)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not stubs.alive(stub)
+    assert stubs.parse_stub(os.getpid()) is None
+
+
+def test_only_unmapped_old_regions_are_removed():
+    mapped = stubs.SHM_DIR / f"{stubs.SHM_PREFIX}{uuid.uuid4()}"
+    stale = stubs.SHM_DIR / f"{stubs.SHM_PREFIX}{uuid.uuid4()}"
+    young = stubs.SHM_DIR / f"{stubs.SHM_PREFIX}{uuid.uuid4()}"
+    for path in (mapped, stale, young):
+        path.write_bytes(b"\0" * 4096)
+    old = time.time() - 60
+    for path in (mapped, stale):
+        os.utime(path, (old, old))
+    with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096) as _:
+        try:
+            removed = stubs.remove_stale_regions(min_age_s=10)
+            assert stale.name in removed and not stale.exists()
+            assert mapped.exists() and young.exists()
+            assert stubs.remove_stale_regions(names={young.name}) == [young.name]
+        finally:
+            for path in (mapped, stale, young):
+                path.unlink(missing_ok=True)
+
+
+def _supervisor(**opts) -> Supervisor:
+    return Supervisor(parse(["--model-repository=/r", *[f"--supervisor-{k}={v}" for k, v in opts.items()]]))
+
+
+def test_a_silent_pipeline_that_still_serves_is_overloaded_not_stuck():
+    sup = _supervisor(**{"stalled-secs": 1, "unresponsive-secs": 30})
+    state = PipelineState(Pipeline("p", ["p__talker"]), last_ok=time.monotonic() - 2, work_at_ok=10.0)
+    failure = PingFailed("unavailable: p__talker: no answer in 2.5 s", "p__talker")
+    assert not sup._wedged(state, failure, {"p": 12.5})           # audio went out: busy
+    assert state.work_at_ok == 12.5 and time.monotonic() - state.last_ok < 0.5
+    state.last_ok = time.monotonic() - 2
+    assert sup._wedged(state, failure, {"p": 12.5})               # nothing since, no CPU used: stuck
+    state.last_ok = time.monotonic() - 0.5
+    assert not sup._wedged(state, failure, {"p": 12.5})           # not silent long enough yet
+    state.last_ok = time.monotonic() - 31
+    assert sup._wedged(state, failure, {"p": 12.5})               # silent too long, whatever else
+
+
+def test_a_silent_model_that_burns_cpu_is_given_until_the_hard_bound(tmp_path):
+    busy = subprocess.Popen(["python3", "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        stub = stubs.Stub(busy.pid, "p__talker", "", None)
+        sup = _supervisor(**{"stalled-secs": 1, "unresponsive-secs": 30})
+        state = PipelineState(Pipeline("p", ["p__talker"]), last_ok=time.monotonic() - 2, stubs=[stub],
+                              cpu_at_ok={busy.pid: stubs.cpu_seconds(busy.pid)}, work_at_ok=None)
+        time.sleep(0.5)
+        assert not sup._wedged(state, PingFailed("silent", "p__talker"), None)
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_an_entry_that_does_not_answer_is_pinged_as_failed():
+    """A ping to nothing listening fails with a coded message naming the pipeline."""
+    from omni_backend.supervisor.triton_control import TritonControl
+    from client.service_process import free_port
+
+    async def ping():
+        control = TritonControl(f"localhost:{free_port()}", None)
+        try:
+            await control.ping(Pipeline("hibari", ["hibari__synthesizer"]), 1.0)
+        finally:
+            await control.close()
+
+    with pytest.raises(PingFailed, match=r"^unavailable: hibari: ") as failed:
+        asyncio.run(ping())
+    assert failed.value.model == "hibari"
