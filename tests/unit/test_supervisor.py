@@ -127,9 +127,9 @@ def test_a_silent_model_that_burns_cpu_is_given_until_the_hard_bound(tmp_path):
         time.sleep(0.3)
         stub = stubs.Stub(busy.pid, "p__talker", "", None)
         sup = _supervisor(**{"stalled-secs": 1, "unresponsive-secs": 30})
-        state = PipelineState(Pipeline("p", ["p__talker"]), last_ok=time.monotonic() - 2, stubs=[stub],
+        state = PipelineState(Pipeline("p", ["p__talker"]), last_ok=time.monotonic(), stubs=[stub],
                               cpu_at_ok={busy.pid: stubs.cpu_seconds(busy.pid)}, work_at_ok=None)
-        time.sleep(0.5)
+        time.sleep(1.1)   # it needs 0.011 s of CPU in that time to count as busy
         assert not sup._wedged(state, PingFailed("silent", "p__talker"), None)
     finally:
         busy.kill()
