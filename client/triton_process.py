@@ -50,6 +50,17 @@ class TritonProcess(ServiceProcess):
                 "--backend-config=python,shm-growth-byte-size=16777216",
                 f"--log-verbose={os.environ.get('OMNI_TRITON_LOG_VERBOSE', '0')}", *self.extra_args]
 
+    @property
+    def server_pid(self) -> int | None:
+        """The tritonserver process the supervisor runs now (None while there is none)."""
+        if self.proc is None:
+            return None
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else None
+
     def command(self) -> list[str]:
         # under the supervisor: pipelines heal, SIGTERM drains, nothing is left behind
         return [sys.executable, "-m", "omni_backend.supervisor", *self.args()]

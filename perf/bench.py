@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in levels:
             print(f"[bench] served c={c}", flush=True)
             rows.append(run_level(server.grpc_url, args.pipeline, c, args.requests, params))
-        rss = rss_mib(server.proc.pid)
+        rss = rss_mib(server.server_pid)   # tritonserver and its stubs, not the supervisor
     finally:
         server.stop()
 

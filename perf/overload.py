@@ -243,10 +243,7 @@ def burners(n: int) -> list[subprocess.Popen]:
 
 
 def server_pid(server: TritonProcess) -> int | None:
-    try:
-        return int(Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()[0])
-    except (OSError, IndexError, ValueError):
-        return None
+    return server.server_pid
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -45,8 +45,9 @@ def repository(base: Path, pipelines: list[str]) -> Path:
 
 def server_pid(server: TritonProcess) -> int:
     """The tritonserver the supervisor runs."""
-    children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
-    return int(children[0])
+    pid = server.server_pid
+    assert pid is not None
+    return pid
 
 
 def stage_stubs(server: TritonProcess, model: str) -> list[stubs.Stub]:
