@@ -47,6 +47,7 @@ class TritonEndpoint:
         self.seen: set[str] = set()                   # every pipeline this endpoint has served
         self.unready: set[str] = set()                # seen, but its models are not all READY now
         self.avoid: dict[str, float] = {}             # pipeline -> until when new streams go elsewhere
+        self.probe_lock = asyncio.Lock()
         self.configs: dict[str, dict] = {}
         self.last_pick = 0
         self.last_error = "not probed yet"
@@ -170,6 +171,12 @@ class TritonPool:
         self.catalog.served = {name for ep in self.endpoints for name in ep.pipelines}
 
     async def probe(self, ep: TritonEndpoint) -> None:
+        # one probe per endpoint at a time: a probe that reconnects closes the channel another
+        # probe would still be using (its call would end in CancelledError)
+        async with ep.probe_lock:
+            await self._probe(ep)
+
+    async def _probe(self, ep: TritonEndpoint) -> None:
         timeout = self.probe_timeout_s
         was_healthy = ep.healthy
         try:
@@ -192,6 +199,12 @@ class TritonPool:
                 stages = [s for s in ((params.get("stages") or {}).get("string_value") or "").split(",") if s]
                 if pipeline and all(stage in ready for stage in stages):
                     pipelines[pipeline] = (params.get("model") or {}).get("string_value")
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # we are being cancelled: let it through
+                raise
+            ep.mark_down("the channel was closed under the probe")   # a reconnect elsewhere
+            ep.probed_at = time.monotonic()
+            return
         except Exception as e:  # noqa: BLE001 - any failure means "not usable now"
             ep.mark_down(f"{type(e).__name__}: {e}")
             ep.probed_at = time.monotonic()

@@ -100,6 +100,17 @@ def stopped(stub: Stub) -> bool:
     return _ppid_and_state(stub.pid)[1] in ("T", "t")
 
 
+def heartbeat_age(folder: str, stub: Stub) -> float | None:
+    """Seconds since the stub last beat (omni_backend/triton/stub_process.py); None before its
+    first beat, or for a model that does not beat."""
+    if not folder:
+        return None
+    try:
+        return max(0.0, time.time() - os.stat(os.path.join(folder, str(stub.pid))).st_mtime)
+    except OSError:
+        return None
+
+
 def alive(stub: Stub) -> bool:
     """The stub is still running (not exited, not a zombie, its pid not reused)."""
     _, state = _ppid_and_state(stub.pid)

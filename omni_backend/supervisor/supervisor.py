@@ -20,19 +20,21 @@ import asyncio
 import ctypes
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
 from dataclasses import dataclass, field
 
 from omni_backend.supervisor import stubs
 from omni_backend.supervisor.options import SupervisorOptions
 from omni_backend.supervisor.triton_control import PingFailed, Pipeline, TritonControl
-from omni_backend.triton import server_binary
+from omni_backend.triton import server_binary, stub_process
 
 log = logging.getLogger("omni.supervisor")
 PR_SET_PDEATHSIG = 1
 TICK_S = 0.25        # how often stub processes are checked for life
-CPU_PROGRESS_S = 0.01  # CPU seconds per second a silent model must use to count as busy
+SLOW_BEAT_S = 2.0    # a heartbeat older than this is logged (how starved the stubs are)
 
 
 def _die_with_parent() -> None:
@@ -48,8 +50,7 @@ class PipelineState:
     pipeline: Pipeline
     last_ok: float
     stubs: list[stubs.Stub] = field(default_factory=list)   # as loaded: one per model instance
-    cpu_at_ok: dict[int, float] = field(default_factory=dict)  # each stub's CPU seconds at the last answer
-    work_at_ok: float | None = None     # the pipeline's progress metric then (triton_control.progress)
+    work_at_ok: float | None = None     # the pipeline's progress metric at the last answer
     last_ping: float = 0.0
     pinging: bool = False
     healing: bool = False
@@ -67,9 +68,17 @@ class Supervisor:
         self.regions: set[str] = set()
         self.tasks: set[asyncio.Task] = set()
         self.repository = os.path.realpath(opts.flag("model-repository") or opts.flag("model-store") or ".")
+        self.heartbeats = ""   # the folder stubs beat in (stub_process.start_heartbeat), made by run()
 
     # -- lifecycle
     async def run(self) -> int:
+        self.heartbeats = tempfile.mkdtemp(prefix="omni-heartbeats-")
+        try:
+            return await self._run()
+        finally:
+            shutil.rmtree(self.heartbeats, ignore_errors=True)
+
+    async def _run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -107,9 +116,12 @@ class Supervisor:
 
     async def _serve_once(self) -> tuple[int | None, bool]:
         """Start tritonserver, watch it until it exits or a stop is asked; (exit code, was ready)."""
+        for beat in os.listdir(self.heartbeats):   # a new server: its stubs beat anew
+            os.unlink(os.path.join(self.heartbeats, beat))
         argv = server_binary.command(self.opts.server_args)
+        env = {**server_binary.server_env(), stub_process.HEARTBEAT_ENV: self.heartbeats}
         self.proc = await asyncio.create_subprocess_exec(
-            *argv, env=server_binary.server_env(), start_new_session=True, preexec_fn=_die_with_parent)
+            *argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
         self.control = TritonControl(self.opts.grpc_url, self.opts.metrics_url)
         self.states.clear()
         was_ready = False
@@ -164,17 +176,26 @@ class Supervisor:
                 self.regions.add(stub.region)
 
     def _check_stubs(self) -> None:
-        """A stub process that exited or was stopped is noticed here at once (Triton would only
-        notice it when a request reaches it, and would still report the model ready)."""
+        """A stub that exited, was stopped, or whose heartbeat stopped is noticed here (Triton
+        would only notice a dead one when a request reaches it, and would still call it ready)."""
         for state in self.states.values():
             if state.healing:
                 continue
             for stub in state.stubs:
-                why = "exited" if not stubs.alive(stub) else "is stopped" if stubs.stopped(stub) else None
-                if why is not None:
-                    self._start_heal(state, PingFailed(f"unavailable: {stub.model}: its stub process {stub.pid} {why}",
-                                                       stub.model))
-                    break
+                age = stubs.heartbeat_age(self.heartbeats, stub)
+                if not stubs.alive(stub):
+                    why = "exited"
+                elif stubs.stopped(stub):
+                    why = "is stopped"
+                elif age is not None and age > self.opts.stalled_secs:
+                    why = f"has not run its event loop for {age:.1f} s"
+                else:
+                    if age is not None and age > SLOW_BEAT_S:
+                        log.warning("%s (pid %d): heartbeat %.1f s old", stub.model, stub.pid, age)
+                    continue
+                self._start_heal(state, PingFailed(f"unavailable: {stub.model}: its stub process {stub.pid} {why}",
+                                                   stub.model))
+                break
 
     def _start_heal(self, state: PipelineState, failure: PingFailed) -> None:
         if self.opts.heal and not self.stop_requested.is_set():
@@ -204,30 +225,24 @@ class Supervisor:
 
     def _answered(self, state: PipelineState, work: dict[str, float] | None) -> None:
         state.last_ok = time.monotonic()
-        state.cpu_at_ok = {s.pid: stubs.cpu_seconds(s.pid) for s in state.stubs}
         state.work_at_ok = None if work is None else work.get(state.pipeline.name, 0.0)
 
     def _wedged(self, state: PipelineState, failure: PingFailed, work: dict[str, float] | None) -> bool:
         """Whether a pipeline that did not answer its ping is broken, not just slow. (A stub that
-        exited or was stopped is seen by the stub check first.) Under overload a ping waits in
-        Triton's queue behind every request, like the clients do: a pipeline that still finishes
-        requests or sends audio is slow, never broken. One that does neither for `stalled_secs`
-        is stuck when its silent model uses no CPU either (a deadlock, a blocked loop), and in any
-        case after `unresponsive_secs`."""
+        exited, was stopped or stopped beating is seen by the stub check first.) Under overload a
+        ping waits in Triton's queue behind every request, like the clients do, and can take many
+        seconds: a pipeline that still finishes requests or sends audio is slow, never broken; one
+        that answers nothing and does nothing for `unresponsive_secs` is stuck (say, in Triton's
+        IPC, where its stubs' event loops still beat)."""
         silent_s = time.monotonic() - state.last_ok
-        if silent_s < self.opts.stalled_secs:
-            return False
         done = None if work is None else work.get(state.pipeline.name, 0.0)
         if done is not None and state.work_at_ok is not None and done > state.work_at_ok:
-            log.warning("%s has not answered a ping for %.0f s but is serving: overloaded, not stuck",
-                        state.pipeline.name, silent_s)
+            if silent_s > self.opts.stalled_secs:
+                log.warning("%s has not answered a ping for %.0f s but is serving: overloaded, not stuck",
+                            state.pipeline.name, silent_s)
             self._answered(state, work)
             return False
-        if silent_s >= self.opts.unresponsive_secs:
-            return True
-        suspects = [s for s in state.stubs if s.model == failure.model] or state.stubs
-        used = sum(stubs.cpu_seconds(s.pid) - state.cpu_at_ok.get(s.pid, 0.0) for s in suspects)
-        return used < CPU_PROGRESS_S * silent_s
+        return silent_s >= self.opts.unresponsive_secs
 
     async def _heal(self, state: PipelineState, failure: PingFailed) -> None:
         p = state.pipeline

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 class Code2WavStage:
     def initialize(self, args: dict) -> None:
         stub_process.start_orphan_guard()
+        stub_process.start_heartbeat()
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         pipeline = get_pipeline(params["pipeline"])

@@ -109,6 +109,7 @@ class DecoupledModel:
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._run_loop, name=f"{self.model_name}-loop", daemon=True)
         self._loop_thread.start()
+        stub_process.start_heartbeat(self.loop)
         self.setup()
 
     def _run_loop(self) -> None:

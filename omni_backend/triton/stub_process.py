@@ -10,9 +10,15 @@ BLS call to a stage that died; so `finalize` ends the process itself.
 objects included) from a background thread without the GIL, which can hang: orphaned stubs
 (parent pid 1, hundreds of MB each, ignoring SIGTERM) kept their shared-memory regions in
 /dev/shm. The guard unlinks the stub's own region and leaves with `os._exit`.
+
+`start_heartbeat`: under the supervisor (which sets `OMNI_HEARTBEAT_DIR`), the stub touches the
+file `<dir>/<pid>` twice a second from its event loop (or a thread, for a model without one). A
+ping through Triton waits in the model's queue behind every request and so cannot tell a stuck
+stub from an overloaded one; a heartbeat that stops while the process lives can.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
@@ -55,6 +61,38 @@ def start_orphan_guard(interval_s: float = 0.5) -> None:
     _started = True
     threading.Thread(target=_watch, args=(os.getppid(), stub_shm_region(), interval_s),
                      name="orphan-guard", daemon=True).start()
+
+
+HEARTBEAT_ENV = "OMNI_HEARTBEAT_DIR"
+HEARTBEAT_S = 0.5
+
+
+def _beat(path: Path) -> None:
+    try:
+        path.touch()
+    except OSError:  # the supervisor's folder went away: nobody is listening
+        pass
+
+
+def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Beat from `loop` (proving the loop runs) or, without one, from a thread of its own."""
+    folder = os.environ.get(HEARTBEAT_ENV)
+    if not folder:
+        return
+    path = Path(folder) / str(os.getpid())
+    _beat(path)
+    if loop is not None:
+        def tick() -> None:
+            _beat(path)
+            loop.call_later(HEARTBEAT_S, tick)
+        loop.call_soon_threadsafe(tick)
+        return
+
+    def run() -> None:
+        while True:
+            _beat(path)
+            threading.Event().wait(HEARTBEAT_S)
+    threading.Thread(target=run, name="heartbeat", daemon=True).start()
 
 
 def exit_after_finalize(code: int = 0) -> None:
