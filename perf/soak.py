@@ -10,8 +10,11 @@ requests hang up after their first audio. Every minute a row: requests ended, er
 p50/p95 time to first audio (TTFA, from sending the request to the first audio chunk / body byte),
 and the resident memory (VmRSS of /proc/<pid>/status) of every process: tritonserver, each Python
 stub (named by its model: its command line holds model_repository/<model>/1/model.py), the
-supervisor, the speech API. At the end each process's growth against its value after the first
-minute; exit status 1 when any grew more than --max-growth (5 %) or any request failed.
+supervisor, the speech API. RSS is sampled every 5 s and a row shows the minute's lowest sample:
+RSS rises and falls with the work in flight (a hibari sentence needs tens of MB for a moment),
+what a process never gives back shows as a rising floor. At the end each process's growth
+against its value in the first minute; exit status 1 when any grew more than --max-growth (5 %),
+any was restarted, or any request failed.
 
 Not a test (it takes half an hour); logs go to a temporary folder printed at the start.
 """
@@ -208,7 +211,7 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
     http = httpx.AsyncClient(timeout=args.timeout, limits=limits)
     tasks = [asyncio.create_task(client_loop(n, args, grpc, http, shim.url, load)) for n in range(args.clients)]
     names: list[str] = []
-    rows: list[dict[str, int]] = []       # per minute: name -> VmRSS KiB
+    rows: list[dict[str, dict[str, int]]] = []       # per minute: name -> /proc status, KiB
     pids: dict[str, int] = {}
     restarts: Counter = Counter()
     errors_total: Counter = Counter()
@@ -217,29 +220,39 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
     seen = 0
     try:
         for minute in range(1, args.minutes + 1):
-            await asyncio.sleep(max(0.0, start + minute * args.interval_s - time.monotonic()))
+            # RSS moves with the work in flight; the minute's lowest sample is what the process
+            # keeps, so a rising floor is memory that is never given back.
+            floor: dict[str, dict[str, int]] = {}
+            while True:
+                now = processes(server.proc.pid, shim.proc.pid)
+                for name, pid in now.items():
+                    if name in pids and pids[name] != pid:
+                        restarts[name] += 1      # a new process: its memory starts over
+                    pids[name] = pid
+                    st = status_kb(pid)
+                    if st and st.get("VmRSS", 0) < floor.get(name, {}).get("VmRSS", 1 << 62):
+                        floor[name] = st
+                left = start + minute * args.interval_s - time.monotonic()
+                if left <= 0:
+                    break
+                await asyncio.sleep(min(args.sample_s, left))
             for t in tasks:
                 if t.done() and t.exception():
                     raise t.exception()
-            now = processes(server.proc.pid, shim.proc.pid)
-            for name, pid in now.items():
-                if name in pids and pids[name] != pid:
-                    restarts[name] += 1      # a new process: its memory starts over
-                pids[name] = pid
             if not names:
                 names = sorted(now, key=lambda n: (n not in ("tritonserver", "supervisor"), n == "speech_api", n))
                 print(f"{'min':>3} {'reqs':>5} {'p50 ms':>7} {'p95 ms':>7}  "
-                      + " ".join(f"{n:>{max(8, len(n))}}" for n in names) + "  errors  (RSS in MB)", flush=True)
+                      + " ".join(f"{n:>{max(8, len(n))}}" for n in names)
+                      + f"  errors  (RSS MB: lowest of the minute's {args.sample_s:g} s samples)", flush=True)
             window = load.outcomes[seen:]
             seen += len(window)
             ttfas = [o.ttfa_s * 1e3 for o in window if o.ttfa_s is not None]
             errs = Counter(o.error for o in window if o.error)
             errors_total.update(errs)
             requests_total += len(window)
-            rss = {n: status_kb(pids[n]).get("VmRSS", 0) if n in pids else 0 for n in names}
-            rows.append(rss)
+            rows.append({n: floor.get(n, {}) for n in names})
             print(f"{minute:>3} {len(window):>5} {pct(ttfas, 50):>7.0f} {pct(ttfas, 95):>7.0f}  "
-                  + " ".join(f"{rss[n] / 1024:>{max(8, len(n))}.1f}" for n in names)
+                  + " ".join(f"{rows[-1][n].get('VmRSS', 0) / 1024:>{max(8, len(n))}.1f}" for n in names)
                   + "  " + (" ".join(f"{k}={v}" for k, v in sorted(errs.items())) or "-"), flush=True)
     finally:
         load.stop = True
@@ -253,18 +266,20 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
     print(f"\n{requests_total} requests, errors: "
           + (" ".join(f"{k}={v}" for k, v in sorted(errors_total.items())) or "none"))
     if len(rows) >= 2:
+        # anon: the process's own heap; shmem: the Python backend's shared-memory regions it touched
         print(f"\n{'process':<40} {'min 1 MB':>9} {'last MB':>9} {'growth':>8} {'peak MB':>9} "
-              f"{'anon MB':>8} {'shmem MB':>9}")
+              f"{'anon MB (min 1 -> last)':>24} {'shmem MB (min 1 -> last)':>25}")
         for n in names:
             first, last = rows[0][n], rows[-1][n]
-            growth = (last - first) / first * 100 if first else float("nan")
-            st = status_kb(pids[n]) if n in pids else {}
-            over = not first or growth > args.max_growth or restarts[n] > 0
+            rss0, rss1 = first.get("VmRSS", 0), last.get("VmRSS", 0)
+            growth = (rss1 - rss0) / rss0 * 100 if rss0 else float("nan")
+            over = not rss0 or growth > args.max_growth or restarts[n] > 0
             failed |= over
             note = (f"  restarted x{restarts[n]}" if restarts[n] else "") + ("  <- grew" if over else "")
-            print(f"{n:<40} {first / 1024:>9.1f} {last / 1024:>9.1f} {growth:>7.1f}% "
-                  f"{st.get('VmHWM', 0) / 1024:>9.1f} {st.get('RssAnon', 0) / 1024:>8.1f} "
-                  f"{st.get('RssShmem', 0) / 1024:>9.1f}{note}")
+            anon = f"{first.get('RssAnon', 0) / 1024:.1f} -> {last.get('RssAnon', 0) / 1024:.1f}"
+            shmem = f"{first.get('RssShmem', 0) / 1024:.1f} -> {last.get('RssShmem', 0) / 1024:.1f}"
+            print(f"{n:<40} {rss0 / 1024:>9.1f} {rss1 / 1024:>9.1f} {growth:>7.1f}% "
+                  f"{last.get('VmHWM', 0) / 1024:>9.1f} {anon:>24} {shmem:>25}{note}")
     return 1 if failed else 0
 
 
@@ -278,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-growth", type=float, default=5.0, help="percent over the first minute's RSS")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take")
     ap.add_argument("--interval-s", type=float, default=60.0, help="seconds per row (a minute)")
+    ap.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.pipelines = args.pipelines.split(",")
