@@ -17,7 +17,7 @@ class SupervisorOptions:
     restart: bool = True                # start tritonserver again when it exits by itself
     probe_interval_secs: float = 1.0    # how often every pipeline is pinged
     ping_timeout_secs: float = 3.0
-    stalled_secs: float = 5.0           # a stub whose heartbeat is this old is stuck: reloaded
+    stalled_secs: float = 20.0          # a stub whose heartbeat is this old is stuck: reloaded
     unresponsive_secs: float = 120.0    # pings unanswered this long while the pipeline does nothing
     drain_secs: float = 4.0             # SIGTERM: how long running streams may go on
     stop_secs: float = 4.0              # then how long tritonserver has to exit before SIGKILL

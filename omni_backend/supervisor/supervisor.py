@@ -168,8 +168,10 @@ class Supervisor:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def _record_stubs(self, state: PipelineState) -> None:
-        state.stubs = [s for s in stubs.stubs_of(self.proc.pid) if s.model in state.pipeline.models]
+    def _record_stubs(self, state: PipelineState, old: set[int] = frozenset()) -> None:
+        """The pipeline's stubs, leaving out `old` ones (still unloading beside the reloaded ones)."""
+        state.stubs = [s for s in stubs.stubs_of(self.proc.pid)
+                       if s.model in state.pipeline.models and s.pid not in old]
         for stub in state.stubs:
             self.known_stubs[stub.pid] = stub
             if stub.region:
@@ -247,6 +249,7 @@ class Supervisor:
     async def _heal(self, state: PipelineState, failure: PingFailed) -> None:
         p = state.pipeline
         t0 = time.monotonic()
+        old = {s.pid for s in stubs.stubs_of(self.proc.pid) if s.model in p.models}
         log.error("pipeline %s failed: %s; reloading %s", p.name, failure, ", ".join(p.models))
         try:
             if not self.opts.explicit_models:
@@ -270,7 +273,7 @@ class Supervisor:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 30.0)
         finally:
-            self._record_stubs(state)
+            self._record_stubs(state, old)
             self._answered(state, await asyncio.get_running_loop().run_in_executor(None, self.control.progress))
             state.healing = False
 
@@ -278,12 +281,22 @@ class Supervisor:
         # Open streams hold the entry (Triton finalizes a model only after its last stream), and
         # the ones waiting on a dead stage never end by themselves: the entry ends them first.
         t0 = time.monotonic()
-        try:
-            await self.control.abort(p, why)
-            log.info("%s ended its open streams in %.2f s", p.name, time.monotonic() - t0)
-        except Exception as e:  # noqa: BLE001 - an entry that does not answer is killed below
-            log.warning("%s did not abort its streams: %s", p.name, e)
-            stubs.kill([s for s in stubs.stubs_of(self.proc.pid) if s.model == p.name])
+        for attempt in range(3):
+            try:
+                await self.control.abort(p, why, timeout_s=10.0)
+                log.info("%s ended its open streams in %.2f s", p.name, time.monotonic() - t0)
+                break
+            except Exception as e:  # noqa: BLE001 - slow (ask again) or stuck (killed below)
+                entry = [s for s in stubs.stubs_of(self.proc.pid) if s.model == p.name]
+                beating = [s for s in entry if not stubs.stopped(s)
+                           and (stubs.heartbeat_age(self.heartbeats, s) or 0.0) < self.opts.stalled_secs]
+                if beating and attempt < 2:
+                    log.warning("%s has not ended its streams yet (%s): asking again", p.name, e)
+                    continue
+                # its clients' streams cannot be answered by anyone else now (README)
+                log.warning("%s did not end its streams (%s): killing it", p.name, e)
+                stubs.kill(entry)
+                break
         for model in p.models:
             await self.control.unload(model)
         # No need to wait for the old instances to finish unloading (a model whose stub died

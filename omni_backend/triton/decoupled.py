@@ -12,7 +12,8 @@ only ever sees a synchronous `execute`, and every task lives and dies on our loo
 
 Every request runs inside one guarded coroutine that always ends the stream with FINAL, turns
 exceptions into an error response for that client only, checks cancellation before each chunk,
-and releases per-request state in `finally`. `finalize` (unload, reload, shutdown) ends every
+and releases per-request state in `finally`. Responses leave from a thread of their own
+(response_thread.py), never from the loop. `finalize` (unload, reload, shutdown) ends every
 open stream with an `unavailable:` error rather than leaving its client waiting. But Triton calls
 `finalize` only once every stream of the model has ended (a response factory holds the model), so
 a stream stuck on a dead stage must be ended first: `abort_all`, which the supervisor asks for
@@ -31,6 +32,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import Cancelled, InvalidRequest, PipelineError, Unavailable
 from omni_backend.triton import stub_process
+from omni_backend.triton.response_thread import ResponseThread
 from omni_backend.triton.worker_threads import DaemonThreadPool
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -109,6 +111,7 @@ class DecoupledModel:
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._run_loop, name=f"{self.model_name}-loop", daemon=True)
         self._loop_thread.start()
+        self.responses = ResponseThread(self.model_name, pb_utils.Logger.log_warn)
         stub_process.start_heartbeat(self.loop)
         self.setup()
 
@@ -176,13 +179,8 @@ class DecoupledModel:
         except Exception as e:  # noqa: BLE001 - a control message never takes the model down
             error = f"internal: {type(e).__name__}: {e}"
             pb_utils.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
-        try:
-            if error is None:
-                sender.send(flags=FINAL)
-            else:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=FINAL)
-        except Exception:  # the caller may be gone
-            pass
+        response = None if error is None else pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
+        self.responses.send(sender, response, FINAL)
 
     def _has_control_input(self) -> bool:
         if not hasattr(self, "_control_input"):
@@ -199,7 +197,11 @@ class DecoupledModel:
             async for tensors in self.stream(ctx):
                 if ctx.cancelled() or ctx.final_sent:
                     raise Cancelled()
-                ctx.sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+                sent = self.responses.send(ctx.sender, pb_utils.InferenceResponse(output_tensors=tensors))
+                try:
+                    await asyncio.wrap_future(sent)
+                except Exception:  # noqa: BLE001 - the response did not leave: the client is gone
+                    raise Cancelled() from None
         except (Cancelled, asyncio.CancelledError) as e:
             if ctx.abort is None and isinstance(e, asyncio.CancelledError):
                 ctx.abort = Unavailable(f"{self.model_name} stopped; retry")
@@ -229,13 +231,8 @@ class DecoupledModel:
         if ctx.final_sent:
             return
         ctx.final_sent = True
-        try:
-            if error is not None:
-                ctx.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=FINAL)
-            else:
-                ctx.sender.send(flags=FINAL)
-        except Exception:  # the client may be gone; nothing else to do
-            pb_utils.Logger.log_warn(f"{self.model_name}: could not send FINAL")
+        response = None if error is None else pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
+        self.responses.send(ctx.sender, response, FINAL)   # after the stream's earlier responses
         self.active.pop(id(ctx), None)
         self.on_finish(ctx, outcome, code)
 
@@ -255,6 +252,7 @@ class DecoupledModel:
             pb_utils.Logger.log_warn(f"{self.model_name}: streams still open at unload")
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(2.0)
+        self.responses.close()   # the last responses leave before the process ends
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.release_resources()
         stub_process.exit_after_finalize()

@@ -1,0 +1,54 @@
+"""Responses leave from a thread of their own, never from the event loop.
+
+A decoupled response is a round trip to tritonserver over shared memory: the stub waits for the
+server to take it. On a busy host that wait is long, and made on the event loop it held up every
+other stream of the model, its control requests and its heartbeat (a loop seen blocked for 5 s
+and more under overload). Triton's own vLLM backend sends from a response thread too. One thread
+keeps each stream's responses in order; a stream awaits its own sends, so it cannot run ahead
+of what has left.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import traceback
+from concurrent.futures import Future
+from typing import Any, Callable
+
+
+class ResponseThread:
+    def __init__(self, name: str, on_error: Callable[[str], None]):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._on_error = on_error
+        self._thread = threading.Thread(target=self._run, name=f"{name}-responses", daemon=True)
+        self._thread.start()
+
+    def send(self, sender: Any, response: Any = None, flags: int = 0) -> Future:
+        """Queue one response (or, with `response=None`, only the flags); the future completes
+        once it has left, with the exception if sending failed."""
+        done: Future = Future()
+        self._queue.put((done, sender, response, flags))
+        return done
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Let what is queued leave (up to `timeout_s`), then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            done, sender, response, flags = item
+            try:
+                if response is None:
+                    sender.send(flags=flags)
+                else:
+                    sender.send(response, flags=flags)
+                done.set_result(None)
+            except Exception as e:  # noqa: BLE001 - the client may be gone; its stream learns of it
+                done.set_exception(e)
+                if flags:
+                    self._on_error(f"could not send the last response: {traceback.format_exc(limit=1)}")
+            del item, done, sender, response
