@@ -12,9 +12,10 @@ and the resident memory (VmRSS of /proc/<pid>/status) of every process: tritonse
 stub (named by its model: its command line holds model_repository/<model>/1/model.py), the
 supervisor, the speech API. RSS is sampled every 5 s and a row shows the minute's lowest sample:
 RSS rises and falls with the work in flight (a hibari sentence needs tens of MB for a moment),
-what a process never gives back shows as a rising floor. At the end each process's growth
-against its value in the first minute; exit status 1 when any grew more than --max-growth (5 %),
-any was restarted, or any request failed.
+what a process never gives back shows as a rising floor (a model's RSS sums its stubs: one left
+behind by a reload is memory held too). At the end each process's growth against its value after
+the first minute (minute 2's floor: minute 1's is the idle server); exit status 1 when any grew
+more than --max-growth (5 %), any was restarted or left two stubs, or any request failed.
 
 Not a test (it takes half an hour); logs go to a temporary folder printed at the start.
 """
@@ -25,6 +26,7 @@ import asyncio
 import os
 import random
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -185,14 +187,23 @@ def status_kb(pid: int) -> dict[str, int]:
     return out
 
 
-def processes(server_pid: int, shim_pid: int) -> dict[str, int]:
-    """name -> pid for the server's process tree and the speech API."""
-    named = {"speech_api": shim_pid}
+def processes(server_pid: int, shim_pid: int) -> dict[str, tuple[int, ...]]:
+    """name -> pids for the server's process tree and the speech API (a model has two stubs
+    while a reload has not ended the old one)."""
+    named: dict[str, list[int]] = {"speech_api": [shim_pid]}
     for pid in descendants(server_pid):
         name = process_name(pid)
         if name:
-            named.setdefault(name, pid)
-    return named
+            named.setdefault(name, []).append(pid)
+    return {name: tuple(sorted(pids)) for name, pids in named.items()}
+
+
+def status_sum(pids: tuple[int, ...]) -> dict[str, int]:
+    """status_kb summed over a name's processes: a stub left behind is memory held too."""
+    total: Counter = Counter()
+    for pid in pids:
+        total.update(status_kb(pid))
+    return dict(total)
 
 
 def pct(values: list[float], p: float) -> float:
@@ -212,7 +223,7 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
     tasks = [asyncio.create_task(client_loop(n, args, grpc, http, shim.url, load)) for n in range(args.clients)]
     names: list[str] = []
     rows: list[dict[str, dict[str, int]]] = []       # per minute: name -> /proc status, KiB
-    pids: dict[str, int] = {}
+    pids: dict[str, tuple[int, ...]] = {}
     restarts: Counter = Counter()
     errors_total: Counter = Counter()
     requests_total = 0
@@ -225,11 +236,11 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
             floor: dict[str, dict[str, int]] = {}
             while True:
                 now = processes(server.proc.pid, shim.proc.pid)
-                for name, pid in now.items():
-                    if name in pids and pids[name] != pid:
+                for name, pid_set in now.items():
+                    if name in pids and pids[name] != pid_set:
                         restarts[name] += 1      # a new process: its memory starts over
-                    pids[name] = pid
-                    st = status_kb(pid)
+                    pids[name] = pid_set
+                    st = status_sum(pid_set)
                     if st and st.get("VmRSS", 0) < floor.get(name, {}).get("VmRSS", 1 << 62):
                         floor[name] = st
                 left = start + minute * args.interval_s - time.monotonic()
@@ -256,7 +267,7 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
                   + "  " + (" ".join(f"{k}={v}" for k, v in sorted(errs.items())) or "-"), flush=True)
     finally:
         load.stop = True
-        await asyncio.wait(tasks, timeout=args.timeout + 5)
+        await asyncio.wait(tasks, timeout=10)   # requests still running then are not counted
         for t in tasks:
             t.cancel()
         await http.aclose()
@@ -266,20 +277,24 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
     print(f"\n{requests_total} requests, errors: "
           + (" ".join(f"{k}={v}" for k, v in sorted(errors_total.items())) or "none"))
     if len(rows) >= 2:
+        # The first minute's floor is the idle server before the load arrived: the baseline is
+        # the value after the first minute (minute 2's floor).
+        base = 1 if len(rows) >= 3 else 0
         # anon: the process's own heap; shmem: the Python backend's shared-memory regions it touched
-        print(f"\n{'process':<40} {'min 1 MB':>9} {'last MB':>9} {'growth':>8} {'peak MB':>9} "
-              f"{'anon MB (min 1 -> last)':>24} {'shmem MB (min 1 -> last)':>25}")
+        print(f"\n{'process':<40} {f'min {base + 1} MB':>9} {'last MB':>9} {'growth':>8} {'peak MB':>9} "
+              f"{'anon MB':>18} {'shmem MB':>16}")
         for n in names:
-            first, last = rows[0][n], rows[-1][n]
+            first, last = rows[base][n], rows[-1][n]
             rss0, rss1 = first.get("VmRSS", 0), last.get("VmRSS", 0)
             growth = (rss1 - rss0) / rss0 * 100 if rss0 else float("nan")
-            over = not rss0 or growth > args.max_growth or restarts[n] > 0
+            over = not rss0 or growth > args.max_growth or restarts[n] > 0 or len(pids.get(n, ())) > 1
             failed |= over
-            note = (f"  restarted x{restarts[n]}" if restarts[n] else "") + ("  <- grew" if over else "")
+            note = (f"  pids changed x{restarts[n]}" if restarts[n] else "") \
+                + (f"  {len(pids[n])} processes" if len(pids.get(n, ())) > 1 else "") + ("  <- grew" if over else "")
             anon = f"{first.get('RssAnon', 0) / 1024:.1f} -> {last.get('RssAnon', 0) / 1024:.1f}"
             shmem = f"{first.get('RssShmem', 0) / 1024:.1f} -> {last.get('RssShmem', 0) / 1024:.1f}"
             print(f"{n:<40} {rss0 / 1024:>9.1f} {rss1 / 1024:>9.1f} {growth:>7.1f}% "
-                  f"{last.get('VmHWM', 0) / 1024:>9.1f} {anon:>24} {shmem:>25}{note}")
+                  f"{last.get('VmHWM', 0) / 1024:>9.1f} {anon:>18} {shmem:>16}{note}")
     return 1 if failed else 0
 
 
@@ -297,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.pipelines = args.pipelines.split(",")
+    # SIGTERM stops the run like Ctrl-C: the finally blocks below stop both servers
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     work = Path(tempfile.mkdtemp(prefix="omni-soak-"))
     print(f"logs in {work}; {args.clients} clients for {args.minutes} x {args.interval_s:g} s "
           f"over {', '.join(args.pipelines)}", flush=True)
