@@ -229,6 +229,7 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
     requests_total = 0
     start = time.monotonic()
     seen = 0
+    interrupted = False
     try:
         for minute in range(1, args.minutes + 1):
             # RSS moves with the work in flight; the minute's lowest sample is what the process
@@ -265,6 +266,8 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
             print(f"{minute:>3} {len(window):>5} {pct(ttfas, 50):>7.0f} {pct(ttfas, 95):>7.0f}  "
                   + " ".join(f"{rows[-1][n].get('VmRSS', 0) / 1024:>{max(8, len(n))}.1f}" for n in names)
                   + "  " + (" ".join(f"{k}={v}" for k, v in sorted(errs.items())) or "-"), flush=True)
+    except asyncio.CancelledError:   # SIGTERM or Ctrl-C: report what was measured
+        interrupted = True
     finally:
         load.stop = True
         await asyncio.wait(tasks, timeout=10)   # requests still running then are not counted
@@ -273,8 +276,8 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
         await http.aclose()
         await grpc.close()
 
-    failed = bool(errors_total)
-    print(f"\n{requests_total} requests, errors: "
+    failed = bool(errors_total) or interrupted
+    print(f"\n{'interrupted after ' if interrupted else ''}{requests_total} requests, errors: "
           + (" ".join(f"{k}={v}" for k, v in sorted(errors_total.items())) or "none"))
     if len(rows) >= 2:
         # The first minute's floor is the idle server before the load arrived: the baseline is
@@ -322,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         shim = ShimProcess([server.grpc_url], log_path=work / "speech_api.log").start()
         try:
             return asyncio.run(soak(args, server, shim))
+        except KeyboardInterrupt:
+            return 1
         finally:
             shim.stop()
     finally:

@@ -23,6 +23,7 @@ import soundfile as sf
 import torch
 
 from client.triton_stream import TritonStreamError, synthesize
+from omni_backend.adapters.qwen3_tts import REF_AUDIO_MAX_CHARS
 from tests.metrics_scrape import metric
 
 pytestmark = pytest.mark.system
@@ -173,7 +174,8 @@ def _bad_inputs(voices):
         ({"ref_audio": "%%% not base64 %%%", "ref_text": "x"}, "ref_audio"),
         ({"ref_audio": wav_data_url(voices[0][:12000]), "ref_text": "x"}, "ref_audio"),      # 0.5 s
         ({"ref_audio": wav_data_url(noise), "ref_text": "x"}, "ref_audio"),                  # 31 s
-        ({"ref_audio": "A" * (15 * 1024 * 1024), "ref_text": "x"}, "ref_audio"),             # > 10 MiB
+        ({"ref_audio": "A" * (REF_AUDIO_MAX_CHARS + 4), "ref_text": "x"}, "ref_audio"),      # > 10 MiB
+        ({"ref_audio": "A" * (15 * 1024 * 1024), "ref_text": "x"}, "params"),                # whole object too big
         ({"ref_audio": wav_data_url(voices[0])}, "ref_text"),                               # ICL without ref_text
         ({"ref_text": "x"}, "ref_audio"),                                                   # no audio at all
         ({"ref_audio": wav_data_url(voices[0]), "ref_text": "x", "voice": "ryan"}, "voice"),
