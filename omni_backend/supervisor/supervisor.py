@@ -69,6 +69,7 @@ class Supervisor:
         self.tasks: set[asyncio.Task] = set()
         self.repository = os.path.realpath(opts.flag("model-repository") or opts.flag("model-store") or ".")
         self.heartbeats = ""   # the folder stubs beat in (stub_process.start_heartbeat), made by run()
+        self.starved = False   # every stub's heartbeat was old at the last check
 
     # -- lifecycle
     async def run(self) -> int:
@@ -179,25 +180,37 @@ class Supervisor:
 
     def _check_stubs(self) -> None:
         """A stub that exited, was stopped, or whose heartbeat stopped is noticed here (Triton
-        would only notice a dead one when a request reaches it, and would still call it ready)."""
-        for state in self.states.values():
-            if state.healing:
+        would only notice a dead one when a request reaches it, and would still call it ready).
+        A heartbeat is stuck only next to others that are not: when every stub's beat is old at
+        once, the host is starved (all stubs were seen 33 s behind together under overload),
+        and reloading would only add work."""
+        watched = [(state, stub, stubs.heartbeat_age(self.heartbeats, stub))
+                   for state in self.states.values() if not state.healing for stub in state.stubs]
+        ages = [age for _, _, age in watched if age is not None]
+        freshest = min(ages, default=0.0)
+        if freshest > self.opts.stalled_secs and not self.starved:
+            log.warning("every stub's heartbeat is at least %.1f s old: the host is starved, not a stage", freshest)
+        self.starved = freshest > self.opts.stalled_secs
+        failed: set[str] = set()
+        slowest: tuple[float, str] = (0.0, "")
+        for state, stub, age in watched:
+            if state.pipeline.name in failed:
                 continue
-            for stub in state.stubs:
-                age = stubs.heartbeat_age(self.heartbeats, stub)
-                if not stubs.alive(stub):
-                    why = "exited"
-                elif stubs.stopped(stub):
-                    why = "is stopped"
-                elif age is not None and age > self.opts.stalled_secs:
-                    why = f"has not run its event loop for {age:.1f} s"
-                else:
-                    if age is not None and age > SLOW_BEAT_S:
-                        log.warning("%s (pid %d): heartbeat %.1f s old", stub.model, stub.pid, age)
-                    continue
-                self._start_heal(state, PingFailed(f"unavailable: {stub.model}: its stub process {stub.pid} {why}",
-                                                   stub.model))
-                break
+            if not stubs.alive(stub):
+                why = "exited"
+            elif stubs.stopped(stub):
+                why = "is stopped"
+            elif age is not None and age - freshest > self.opts.stalled_secs:
+                why = f"has not run its event loop for {age:.1f} s (others beat {freshest:.1f} s ago)"
+            else:
+                if age is not None and age > slowest[0]:
+                    slowest = (age, f"{stub.model} (pid {stub.pid})")
+                continue
+            self._start_heal(state, PingFailed(f"unavailable: {stub.model}: its stub process {stub.pid} {why}",
+                                               stub.model))
+            failed.add(state.pipeline.name)
+        if slowest[0] > SLOW_BEAT_S:   # how starved the stubs are, one line a tick
+            log.warning("slowest heartbeat: %s, %.1f s old (freshest %.1f s)", slowest[1], slowest[0], freshest)
 
     def _start_heal(self, state: PipelineState, failure: PingFailed) -> None:
         if self.opts.heal and not self.stop_requested.is_set():

@@ -124,29 +124,42 @@ def test_a_silent_pipeline_that_still_serves_is_overloaded_not_stuck():
 
 def test_a_stub_that_exits_stops_or_stops_beating_is_healed_at_once(fake_stub, tmp_path):
     proc, model_file, region = fake_stub
-    stub = stubs.parse_stub(proc.pid)
-    sup = _supervisor(**{"stalled-secs": 2})
-    sup.heartbeats = str(tmp_path)
-    state = PipelineState(Pipeline("p", ["talker"]), last_ok=time.monotonic(), stubs=[stub])
-    sup.states = {"p": state}
-    healed: list[str] = []
-    sup._start_heal = lambda st, failure: healed.append(str(failure))
-    beat = Path(sup.heartbeats) / str(proc.pid)
-    beat.touch()
-    sup._check_stubs()
-    assert healed == []                                           # alive and beating
-    os.utime(beat, (time.time() - 5, time.time() - 5))
-    sup._check_stubs()
-    assert healed and "has not run its event loop for 5" in healed[-1]
-    beat.touch()
-    os.kill(proc.pid, signal.SIGSTOP)
-    time.sleep(0.1)
-    sup._check_stubs()
-    assert "is stopped" in healed[-1]
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    sup._check_stubs()
-    assert healed[-1] == f"unavailable: talker: its stub process {proc.pid} exited"
+    # a second stub of the same pipeline whose heartbeat the first is compared with
+    other_proc = subprocess.Popen([str(tmp_path / stubs.STUB_NAME), str(tmp_path / "repo" / "code2wav" / "1" / "model.py"),
+                                   f"{stubs.SHM_PREFIX}{uuid.uuid4()}"])
+    time.sleep(0.2)
+    try:
+        stub, other = stubs.parse_stub(proc.pid), stubs.parse_stub(other_proc.pid)
+        sup = _supervisor(**{"stalled-secs": 2})
+        sup.heartbeats = str(tmp_path)
+        state = PipelineState(Pipeline("p", ["talker", "code2wav"]), last_ok=time.monotonic(), stubs=[stub, other])
+        sup.states = {"p": state}
+        healed: list[str] = []
+        sup._start_heal = lambda st, failure: healed.append(str(failure))
+        beat, other_beat = Path(sup.heartbeats) / str(proc.pid), Path(sup.heartbeats) / str(other_proc.pid)
+        beat.touch()
+        other_beat.touch()
+        sup._check_stubs()
+        assert healed == []                                           # alive and beating
+        for path in (beat, other_beat):                               # the whole host starved: no heal
+            os.utime(path, (time.time() - 30, time.time() - 30))
+        sup._check_stubs()
+        assert healed == [] and sup.starved
+        other_beat.touch()                                            # one stub stuck beside a live one
+        sup._check_stubs()
+        assert healed and "has not run its event loop for 30" in healed[-1] and not sup.starved
+        beat.touch()
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.1)
+        sup._check_stubs()
+        assert "is stopped" in healed[-1]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        sup._check_stubs()
+        assert healed[-1] == f"unavailable: talker: its stub process {proc.pid} exited"
+    finally:
+        other_proc.kill()
+        other_proc.wait()
 
 
 def test_heartbeat_age(tmp_path):
