@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ensemble_builder.build import build
 from omni_backend.deploy import DeployError
-from omni_backend.pipeline import pipelines
+from omni_backend.families import load_family, pipelines
 
 REPO_DIR = Path(__file__).resolve().parent.parent / "model_repository"
 
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--deploy", help="deploy YAML (default: deploy/<pipeline>.yaml)")
     b.add_argument("--model", help="checkpoint folder (default: the pipeline's built-in model)")
     b.add_argument("--out", default=str(REPO_DIR), help="model repository folder")
+    b.add_argument("--family", action="append", default=[],
+                   help="module of a model family outside omni_backend/models (repeatable)")
     c = sub.add_parser("check", help="fail when the committed model_repository/ is stale")
     c.add_argument("--repo", default=str(REPO_DIR))
     sub.add_parser("list", help="list pipelines")
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print(f"{args.repo} is up to date")
             return 0
+        for module in args.family:
+            load_family(module)
         names = default_pipelines() if args.all else (args.pipeline or [])
         if not names:
             ap.error("build needs --pipeline NAME or --all")
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             for folder in build(name, args.out, args.deploy, args.model):
                 print(f"wrote {folder}")
         return 0
-    except (DeployError, ValueError, KeyError) as e:
+    except (DeployError, ValueError, KeyError, ImportError) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
 

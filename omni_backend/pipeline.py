@@ -1,45 +1,87 @@
-"""Pipeline topology: which stages a model type has and how they connect.
+"""A pipeline's stage graph, declared as data.
 
-Topology is code (this file); placement (devices, instances, batching) is the deploy YAML
-(`omni_backend/deploy.py`). The names follow vLLM-Omni's `StagePipelineConfig` so its users
-recognise them.
+A model family declares each pipeline it serves: its stages, the tensors each stage takes and
+gives, which stages feed which (`input_sources`), and for every fed stage the family's transfer
+hook (`transfer`): how the sources' streams become this stage's requests (a chunk schedule, codec
+context frames, hidden states handed on). The entry model runs the graph from this declaration
+(omni_backend/triton/entry.py) and the builder derives every config.pbtxt from it
+(ensemble_builder/build.py); neither knows any family.
+
+Placement (devices, instances, batching) is the deploy YAML (`omni_backend/deploy.py`). The names
+follow vLLM-Omni's `StagePipelineConfig` where one exists, so its users recognise them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-ExecutionType = Literal["llm_ar", "llm_generation", "generator"]
-OutputType = Literal["latent", "audio"]
+import numpy as np
+
+# "stream": a decoupled stage that streams responses for each request (AR engines, generators);
+# it takes REQUEST (the adapter's JSON request) and/or tensors, REQUEST_ID and CONTROL.
+# "batched": a stateless stage, one response per request, batched across streams by Triton's
+# dynamic batcher (codec decoders over windows).
+StageKind = Literal["stream", "batched"]
+_NUMPY = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32,
+          "INT8": np.int8, "BOOL": np.bool_, "STRING": np.object_}
+DTYPES = tuple(_NUMPY)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output tensor of a stage: name, Triton dtype (without TYPE_), dims (-1 = any)."""
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"tensor {self.name}: dtype {self.dtype!r}; one of {', '.join(DTYPES)}")
+
+    @property
+    def numpy_dtype(self) -> type:
+        return _NUMPY[self.dtype]
+
+    def empty(self, batched: bool = False) -> np.ndarray:
+        """No data: every variable dimension 0 (a batched stage's liveness ping, and its answer)."""
+        return np.zeros(((1,) if batched else ()) + tuple(0 if d < 0 else d for d in self.dims), self.numpy_dtype)
 
 
 @dataclass(frozen=True)
 class StageConfig:
     stage_id: int
-    model_stage: str                     # role key, e.g. "talker", "code2wav", "synthesizer"
-    execution_type: ExecutionType
-    engine_output_type: OutputType       # "latent" = codes for the next stage, "audio" = samples
-    input_sources: tuple[int, ...] = ()  # upstream stage ids
-    final_output: bool = False
-    owns_tokenizer: bool = False
-    decoupled: bool = True               # streams responses (AR stages, generators)
-    stop_token_ids: tuple[int, ...] = ()
-    # Import path of the Triton model class that hosts this stage.
-    triton_class: str = ""
+    model_stage: str                      # the stage's role; its Triton name is <pipeline>__<model_stage>
+    kind: StageKind
+    triton_class: str                     # import path of the Triton model class hosting the stage
+    outputs: tuple[TensorSpec, ...]
+    # Tensors the stage takes besides REQUEST / REQUEST_ID / CONTROL (stream stages) or all of
+    # its inputs (batched stages).
+    inputs: tuple[TensorSpec, ...] = ()
+    input_sources: tuple[int, ...] = ()   # upstream stage ids; () = fed the client's request
+    # Import path of the family's transfer hook class (omni_backend/triton/transfer.py) that turns
+    # the sources' streams into this stage's requests; required when input_sources is set.
+    transfer: str = ""
+    final_output: bool = False            # its AUDIO is what the client hears
+
+    @property
+    def takes_request(self) -> bool:
+        """A stage fed by the client's request gets the adapter's JSON REQUEST."""
+        return not self.input_sources
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    name: str                            # pipeline (= entry model) name
-    model_type: str                      # adapter key
+    name: str                             # pipeline (= entry model) name
+    family: str                           # the model family (folder omni_backend/models/<family>)
+    adapter: str                          # import path of the family's request adapter class
     stages: tuple[StageConfig, ...]
-    default_deploy: str                  # deploy/<default_deploy>.yaml
+    default_deploy: str                   # deploy/<default_deploy>.yaml
     description: str = ""
     sample_rate: int = 24000
     entry_class: str = "omni_backend.triton.entry.PipelineEntry"
     # A checkpoint the pipeline can run without one from the user (embedded or built at load).
     default_model: str | None = None
-    extras: dict = field(default_factory=dict, hash=False, compare=False)
 
     def stage_model_name(self, stage: StageConfig) -> str:
         """Triton model name of a stage: `<pipeline>__<model_stage>`."""
@@ -49,42 +91,36 @@ class PipelineConfig:
     def final_stage(self) -> StageConfig:
         return next(s for s in self.stages if s.final_output)
 
+    def consumers(self, stage_id: int) -> list[StageConfig]:
+        return [s for s in self.stages if stage_id in s.input_sources]
+
     def validate(self) -> None:
+        where = f"pipeline {self.name}"
         ids = [s.stage_id for s in self.stages]
         if ids != list(range(len(ids))):
-            raise ValueError(f"pipeline {self.name}: stage ids must be 0..N-1, got {ids}")
+            raise ValueError(f"{where}: stage ids must be 0..N-1, got {ids}")
+        if len({s.model_stage for s in self.stages}) != len(self.stages):
+            raise ValueError(f"{where}: model_stage names must differ")
         if sum(s.final_output for s in self.stages) != 1:
-            raise ValueError(f"pipeline {self.name}: exactly one stage must be final_output")
+            raise ValueError(f"{where}: exactly one stage must be final_output")
+        final = self.final_stage
+        if not any(t.name == "AUDIO" and t.dtype == "FP32" for t in final.outputs):
+            raise ValueError(f"{where}: final stage {final.model_stage} must output AUDIO (FP32)")
         for s in self.stages:
-            bad = [i for i in s.input_sources if i >= s.stage_id]
-            if bad:
-                raise ValueError(f"pipeline {self.name}: stage {s.stage_id} reads from later stages {bad}")
-
-
-_REGISTRY: dict[str, PipelineConfig] = {}
-
-
-def register(config: PipelineConfig) -> PipelineConfig:
-    config.validate()
-    if config.name in _REGISTRY:
-        raise ValueError(f"pipeline {config.name!r} is already registered")
-    _REGISTRY[config.name] = config
-    return config
-
-
-def get_pipeline(name: str) -> PipelineConfig:
-    _load_builtin()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown pipeline {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
-
-
-def pipelines() -> dict[str, PipelineConfig]:
-    _load_builtin()
-    return dict(_REGISTRY)
-
-
-def _load_builtin() -> None:
-    # Built-in pipelines register themselves on import; importing here keeps the registry lazy.
-    from omni_backend import pipelines as _  # noqa: F401
+            bad = [i for i in s.input_sources if not 0 <= i < s.stage_id]
+            if bad:   # sources come earlier: the ids are a topological order, so no cycles
+                raise ValueError(f"{where}: stage {s.stage_id} reads from stages {bad} (not earlier stages)")
+            if s.input_sources and not s.transfer:
+                raise ValueError(f"{where}: stage {s.stage_id} has input_sources but no transfer hook")
+            if not s.input_sources and s.transfer:
+                raise ValueError(f"{where}: stage {s.stage_id} has a transfer hook but no input_sources")
+            if s.takes_request and s.kind != "stream":
+                raise ValueError(f"{where}: stage {s.stage_id} takes the client's request, so it must be "
+                                 "a stream stage")
+            names = [t.name for t in s.inputs]
+            reserved = {"REQUEST", "REQUEST_ID", "CONTROL"} & set(names) if s.kind == "stream" else set()
+            if reserved or len(set(names)) != len(names):
+                raise ValueError(f"{where}: stage {s.stage_id} inputs {names}: duplicate or reserved names")
+        for s in self.stages:
+            if s is not final and not self.consumers(s.stage_id):
+                raise ValueError(f"{where}: stage {s.stage_id}'s output goes nowhere")

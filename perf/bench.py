@@ -206,14 +206,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from ensemble_builder.build import build
     from omni_backend.deploy import default_deploy_path
-    from omni_backend.pipeline import get_pipeline
+    from omni_backend.families import get_pipeline
 
     pipeline = get_pipeline(args.pipeline)
     deploy_path = args.deploy or str(default_deploy_path(pipeline.default_deploy))
     model = args.model
     shape = "bundled"
     work = Path(tempfile.mkdtemp(prefix="omni-bench-"))
-    if pipeline.model_type == "qwen3_tts":
+    if pipeline.family == "qwen3_tts":
         from omni_backend.models.qwen3_tts.builtin import cache_root, resolve_checkpoint
         from omni_backend.models.qwen3_tts.random_checkpoint import write_random_checkpoint
 
@@ -227,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         if shape == "bundled":
             shape = Path(model).name
     repo = work / "repo"
-    build(args.pipeline, repo, deploy_path, model if pipeline.model_type == "qwen3_tts" else None)
+    build(args.pipeline, repo, deploy_path, model if pipeline.family == "qwen3_tts" else None)
     params: dict = {}
-    if pipeline.model_type == "qwen3_tts":
+    if pipeline.family == "qwen3_tts":
         params = {"do_sample": False, "subtalker_do_sample": False, "max_new_tokens": args.frames + 1}
 
     # a SIGTERM (a timeout around this script) unwinds through the finally below: the server
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
     inproc: dict[int, dict] = {}
     ref: dict[int, float] = {}
-    if pipeline.model_type == "qwen3_tts":
+    if pipeline.family == "qwen3_tts":
         for c in levels:
             print(f"[bench] in-process c={c}", flush=True)
             inproc[c] = qwen3_in_process(model, deploy_path, c, params)

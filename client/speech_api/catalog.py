@@ -1,20 +1,20 @@
 """What each served pipeline accepts: its request fields, voices and native speed control.
 
 Pipelines are discovered from Triton (its repository index: an entry model carries the parameter
-`pipeline` naming itself). What a pipeline accepts comes from its adapter's `param_specs()`, read
-here under a guard that refuses `torch` (and `transformers`): the shim never loads a model, it
-only reads field names, ranges and choices. A pipeline whose adapter is not importable here (a
-remote Triton serving something this checkout does not know) is served in pass-through mode:
-extension fields go to Triton unchecked and its own validation answers with the field name.
+`pipeline` naming itself). What a pipeline accepts is in the entry's parameter `catalog`, written
+by the builder from the served checkpoint's adapter (ensemble_builder/build.py): its parameters
+(type, range, choices), voices, clone support, sample rate. The shim never imports model code. An
+entry without a catalog (built by something else) is served in pass-through mode: extension
+fields go to Triton unchecked and its own validation answers with the field name.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib.abc
+import json
 import logging
-import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
+
+from omni_backend.adapters.base import Param
 
 log = logging.getLogger("omni.speech_api")
 
@@ -28,25 +28,6 @@ OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "on
 VOICE_PARAM_NAMES = ("voice", "speaker")
 # Fields that only make sense for pipelines that clone a voice from reference audio.
 CLONE_FIELDS = ("ref_audio", "ref_text", "x_vector_only_mode")
-_HEAVY_MODULES = ("torch", "transformers", "torchaudio")
-
-
-class _RefuseHeavyImports(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".", 1)[0] in _HEAVY_MODULES:
-            raise ImportError(f"the speech shim does not import {name}")
-        return None
-
-
-@contextlib.contextmanager
-def heavy_imports_refused() -> Iterator[None]:
-    """Inside this block `import torch` fails instead of loading a deep-learning runtime."""
-    guard = _RefuseHeavyImports()
-    sys.meta_path.insert(0, guard)
-    try:
-        yield
-    finally:
-        sys.meta_path.remove(guard)
 
 
 @dataclass(frozen=True)
@@ -67,6 +48,8 @@ class PipelineInfo:
     fields: dict[str, FieldSpec] | None = None
     sample_rate: int | None = None
     description: str = ""
+    params: tuple[dict, ...] = ()      # the catalog's parameter documentation
+    clones: bool | None = None         # the catalog's word on voice cloning (None: from the fields)
 
     @property
     def known(self) -> bool:
@@ -100,79 +83,33 @@ class PipelineInfo:
 
     @property
     def clones_voices(self) -> bool:
-        return bool(self.fields) and "ref_audio" in self.fields
+        has_fields = bool(self.fields) and "ref_audio" in self.fields
+        return has_fields if self.clones is None else (self.clones and has_fields)
 
     def accepts(self, name: str) -> bool:
         return self.fields is None or name in self.fields
 
 
-def _qwen3_tts_speakers(model_path: str) -> tuple[str, ...]:
-    """Preset speakers from the checkpoint's config.json (a built-in one only if already written)."""
-    from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
-    from omni_backend.models.qwen3_tts.config import load_config
-
-    return tuple(load_config(resolve_checkpoint(model_path)).speakers)
-
-
-# model type -> how to list its voices without loading it, for adapters whose choices depend on
-# the checkpoint (their `from_model` needs more than the shim may import).
-VOICE_LISTS: dict[str, Callable[[str], tuple[str, ...]]] = {"qwen3_tts": _qwen3_tts_speakers}
-
-
-def _qwen3_tts_clones(model_path: str) -> bool:
-    """Only Base checkpoints clone voices (the adapter's fields are those of every checkpoint)."""
-    from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
-    from omni_backend.models.qwen3_tts.config import load_config
-
-    return load_config(resolve_checkpoint(model_path)).tts_model_type == "base"
-
-
-# model type -> whether the served checkpoint clones voices, for adapters whose clone fields
-# depend on the checkpoint; when it does not, the clone fields are dropped.
-CLONE_CHECKS: dict[str, Callable[[str], bool]] = {"qwen3_tts": _qwen3_tts_clones}
-
-
-def describe_pipeline(name: str, model_path: str | None = None) -> PipelineInfo:
-    """Read a pipeline's request fields from its adapter, never importing torch."""
+def describe_pipeline(name: str, catalog: str | None = None) -> PipelineInfo:
+    """A pipeline's fields from its entry's `catalog` parameter (JSON)."""
     try:
-        with heavy_imports_refused():
-            from omni_backend.adapters import adapter_class
-            from omni_backend.pipeline import get_pipeline
-
-            config = get_pipeline(name)
-            cls = adapter_class(config.model_type)
-            try:
-                adapter = cls.from_model(model_path) if model_path else cls()
-            except Exception as e:  # noqa: BLE001 - the checkpoint may live on the Triton host only
-                log.info("pipeline %s: adapter metadata without the checkpoint (%s)", name, e)
-                adapter = cls()
-            specs = adapter.param_specs()
-            voices: tuple[str, ...] | None = None
-            lister = VOICE_LISTS.get(config.model_type)
-            if lister and model_path:
-                try:
-                    voices = lister(model_path)
-                except Exception as e:  # noqa: BLE001
-                    log.info("pipeline %s: voices unknown to the shim (%s)", name, e)
-            clones = None
-            clone_check = CLONE_CHECKS.get(config.model_type)
-            if clone_check and model_path:
-                try:
-                    clones = clone_check(model_path)
-                except Exception as e:  # noqa: BLE001
-                    log.info("pipeline %s: whether it clones voices is unknown to the shim (%s)", name, e)
-    except Exception as e:  # noqa: BLE001 - unknown here: Triton validates instead
+        described = json.loads(catalog) if catalog else None
+        if not isinstance(described, dict):
+            raise ValueError("no catalog")
+        specs = [Param.from_dict(d) for d in described["params"]]
+        voices = tuple(described.get("voices") or ())
+    except (ValueError, KeyError, TypeError) as e:   # unknown here: Triton validates instead
         log.warning("pipeline %s: request fields unknown to the shim (%s); passing them through", name, e)
         return PipelineInfo(name=name)
-    fields = {n: FieldSpec(name=n, default=p.default, lo=p.lo, hi=p.hi,
-                           choices=tuple(p.choices) if p.choices else None, check=p.check)
-              for n, p in specs.items() if not (clones is False and n in CLONE_FIELDS)}
+    fields = {p.name: FieldSpec(name=p.name, default=p.default, lo=p.lo, hi=p.hi, choices=p.choices,
+                                check=p.check) for p in specs}
     for n in VOICE_PARAM_NAMES:
         if voices and n in fields and fields[n].choices is None:
             fields[n] = FieldSpec(name=n, default=fields[n].default, choices=voices, check=fields[n].check)
             break
-    return PipelineInfo(name=name, fields=fields, sample_rate=config.sample_rate,
-                        description=config.description)
+    return PipelineInfo(name=name, fields=fields, sample_rate=described.get("sample_rate"),
+                        description=described.get("description", ""), params=tuple(described["params"]),
+                        clones=bool(described.get("clones_voices")))
 
 
 def entry_pipeline_name(model_name: str, config: dict[str, Any]) -> str | None:
@@ -200,9 +137,9 @@ class Catalog:
     def _live(self, name: str) -> bool:
         return name in self._pipelines and (self.served is None or name in self.served)
 
-    def learn(self, name: str, model_path: str | None) -> PipelineInfo:
+    def learn(self, name: str, catalog: str | None) -> PipelineInfo:
         if name not in self._pipelines:
-            self._pipelines[name] = self._describe(name, model_path)
+            self._pipelines[name] = self._describe(name, catalog)
         return self._pipelines[name]
 
     def pipelines(self) -> dict[str, PipelineInfo]:

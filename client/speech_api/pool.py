@@ -198,7 +198,7 @@ class TritonPool:
                 params = config.get("parameters") or {}
                 stages = [s for s in ((params.get("stages") or {}).get("string_value") or "").split(",") if s]
                 if pipeline and all(stage in ready for stage in stages):
-                    pipelines[pipeline] = (params.get("model") or {}).get("string_value")
+                    pipelines[pipeline] = (params.get("catalog") or {}).get("string_value")
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():  # we are being cancelled: let it through
                 raise
@@ -214,8 +214,8 @@ class TritonPool:
         ep.unready = ep.seen - set(pipelines)
         ep.healthy = True
         ep.probed_at = time.monotonic()
-        for name, model_path in pipelines.items():
-            self.catalog.learn(name, model_path)
+        for name, catalog in pipelines.items():
+            self.catalog.learn(name, catalog)
             self.known_pipelines.add(name)
         if not was_healthy:
             log.info("triton %s is up, serving %s", ep.url, ", ".join(sorted(pipelines)) or "nothing")

@@ -81,8 +81,13 @@ async def get_model(request: Request, model: str) -> JSONResponse:
     _authorize(request)
     shim = _shim(request)
     pipeline = await _resolve(request, model)
-    return JSONResponse({"id": model, "object": "model", "created": int(shim.started_at),
-                         "owned_by": "omni-triton-tts", "pipeline": pipeline})
+    info = shim.catalog.get(pipeline)
+    body = {"id": model, "object": "model", "created": int(shim.started_at), "owned_by": "omni-triton-tts",
+            "pipeline": pipeline}
+    if info is not None and info.known:   # what the pipeline accepts (its request parameters)
+        body.update(description=info.description, sample_rate=info.sample_rate, voices=info.voices,
+                    clones_voices=info.clones_voices, parameters=list(info.params))
+    return JSONResponse(body)
 
 
 @router.get("/v1/audio/voices")

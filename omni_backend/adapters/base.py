@@ -64,6 +64,20 @@ class Param:
     max_len: int | None = None
     help: str = ""
 
+    def to_dict(self) -> dict[str, Any]:
+        """What a client may know of the parameter (the built repository's catalog)."""
+        d = {"name": self.name, "type": self.kind.__name__, "default": self.default, "lo": self.lo,
+             "hi": self.hi, "choices": list(self.choices) if self.choices else None,
+             "max_len": self.max_len, "help": self.help}
+        return {k: v for k, v in d.items() if v not in (None, "")}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Param":
+        kinds = {"int": int, "float": float, "str": str, "bool": bool}
+        return cls(name=d["name"], kind=kinds[d["type"]], default=d.get("default"), lo=d.get("lo"),
+                   hi=d.get("hi"), choices=tuple(d["choices"]) if d.get("choices") else None,
+                   max_len=d.get("max_len"), help=d.get("help", ""))
+
     def check(self, value: Any) -> Any:
         if value is None:
             return self.default
@@ -146,12 +160,11 @@ def _json_type(value: Any) -> str:
 
 
 class TTSAdapter:
-    """Validates a request for one model type and builds stage 0's inputs.
+    """Validates a request for one pipeline and builds the request its first stages receive.
 
     Subclasses list their `params`; `context` carries what the loaded model knows (speakers,
     languages) so validation matches the checkpoint actually served.
     """
-    name = ""
     params: tuple[Param, ...] = ()
     max_params_bytes = MAX_PARAMS_BYTES
 
@@ -165,6 +178,14 @@ class TTSAdapter:
 
     def param_specs(self) -> dict[str, Param]:
         return {p.name: p for p in self.params}
+
+    def describe(self) -> dict[str, Any]:
+        """What the speech API needs to know of the served checkpoint without loading model code:
+        its parameters, voices and whether it clones voices (written into the built repository)."""
+        voice = self.param_specs().get("voice")
+        return {"params": [p.to_dict() for p in self.params],
+                "voices": list(voice.choices) if voice is not None and voice.choices else [],
+                "clones_voices": "ref_audio" in self.param_specs()}
 
     def validate(self, text: bytes | str, params: bytes | str | dict | None) -> dict[str, Any]:
         """Return the normalized request {"text": ..., **params}; raise InvalidRequest."""
@@ -187,25 +208,3 @@ class TTSAdapter:
     def check(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
         """Model-specific cross-field rules; override."""
         return params
-
-
-_ADAPTERS: dict[str, type[TTSAdapter]] = {}
-
-
-def register_adapter(cls: type[TTSAdapter]) -> type[TTSAdapter]:
-    _ADAPTERS[cls.name] = cls
-    return cls
-
-
-def adapter_class(model_type: str) -> type[TTSAdapter]:
-    _load_builtin()
-    try:
-        return _ADAPTERS[model_type]
-    except KeyError:
-        raise KeyError(f"no adapter for model type {model_type!r}; known: {', '.join(sorted(_ADAPTERS))}") from None
-
-
-def _load_builtin() -> None:
-    from omni_backend.adapters import hibari, qwen3_tts  # noqa: F401
-
-

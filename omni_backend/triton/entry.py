@@ -1,8 +1,10 @@
 """The pipeline entry model: the one clients call.
 
-It validates TEXT/PARAMS through the model type's adapter, streams stage 0 over BLS and, for
-two-stage pipelines, runs the codec chunk schedule (see codec_stream.py). It owns the response
-stream, metrics, admission and cancellation.
+It validates TEXT/PARAMS through the pipeline's adapter and runs the pipeline's stage graph as
+declared (omni_backend/pipeline.py): stages fed by the client's request get its JSON as REQUEST;
+every other stage is fed by its family's transfer hook (omni_backend/triton/transfer.py) from its
+sources' streams; a stream read by several consumers is broadcast. The final stage's AUDIO is
+streamed to the client. It owns the response stream, metrics, admission and cancellation.
 
 CONTROL messages (from the supervisor, omni_backend/supervisor): `ping` asks every stage too and
 fails naming the first stage that does not answer; `drain` (before a shutdown) turns new streams
@@ -12,7 +14,6 @@ away with `unavailable:` while the running ones finish; `abort` ends every open 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -20,34 +21,30 @@ from typing import Any, AsyncIterator
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.adapters import adapter_class
 from omni_backend.deploy import parse_deploy
 from omni_backend.errors import Unavailable
-from omni_backend.pipeline import get_pipeline
-from omni_backend.triton.bls import StageStream, ping_stage
-from omni_backend.triton.decoupled import DecoupledModel, StreamContext, bytes_tensor, input_bytes
+from omni_backend.families import import_path, pipeline_for
+from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
 from omni_backend.triton.stage_liveness import StageLiveness
+from omni_backend.triton.transfer import Broadcast, Outputs, StageCall, ping
 
 STAGE_PING_TIMEOUT_S = 2.5   # under the supervisor's own 3 s, so the answer names the stage
 
 
 class PipelineEntry(DecoupledModel):
     def setup(self) -> None:
-        self.pipeline = get_pipeline(self.parameters["pipeline"])
+        self.pipeline = pipeline_for(self.parameters)
         self.deploy = parse_deploy(self.param_json("deploy"), f"{self.model_name}/config.pbtxt")
         self.model_path = self.parameters.get("model") or self.pipeline.default_model
-        self.adapter = adapter_class(self.pipeline.model_type).from_model(self.model_path)
+        self.adapter = import_path(self.pipeline.adapter).from_model(self.model_path)
         self.sample_rate = self.pipeline.sample_rate
         self.metrics = PipelineMetrics(self.pipeline.name)
         self.metrics.active.set(0)   # a reloaded entry starts from the truth
         self.draining = False
         self.liveness = StageLiveness()
-        self.stage0 = self.pipeline.stage_model_name(self.pipeline.stages[0])
-        self.codec = None
-        if len(self.pipeline.stages) > 1:
-            from omni_backend.triton.codec_stream import CodecStreamer
-            self.codec = CodecStreamer(self, self.deploy)
+        self.transfers = {s.stage_id: import_path(s.transfer)(self.pipeline, s, self.deploy)
+                          for s in self.pipeline.stages if s.transfer}
 
     async def control(self, request: "pb_utils.InferenceRequest", command: str) -> None:
         if command == "drain":
@@ -61,11 +58,8 @@ class PipelineEntry(DecoupledModel):
         if command != "ping":
             return await super().control(request, command)
         rid = f"ping-{uuid.uuid4().hex[:12]}"
-        checks = []
-        for stage in self.pipeline.stages:
-            name = self.pipeline.stage_model_name(stage)
-            ping = self.run_blocking(ping_stage, name, rid) if stage.decoupled else self.codec.ping(rid)
-            checks.append(self.liveness.check(name, ping, STAGE_PING_TIMEOUT_S))
+        checks = [self.liveness.check(self.pipeline.stage_model_name(stage), ping(self, stage, rid),
+                                      STAGE_PING_TIMEOUT_S) for stage in self.pipeline.stages]
         for result in await asyncio.gather(*checks, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
@@ -83,26 +77,42 @@ class PipelineEntry(DecoupledModel):
         self.metrics.active.set(len(self.active))
         self.metrics.finished(outcome, error_code)
 
-    def stage0_stream(self, ctx: StreamContext, request: dict[str, Any], outputs: list[str]) -> StageStream:
-        rid = f"{ctx.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
-        stream = StageStream(self.executor, self.stage0, rid,
-                             [bytes_tensor("REQUEST", json.dumps(request)), bytes_tensor("REQUEST_ID", rid)],
-                             outputs, self.liveness)
-        ctx.resources.append(stream)
-        return stream
+    def graph(self, ctx: StreamContext, request: dict[str, Any]) -> tuple[AsyncIterator[Outputs], list]:
+        """Every stage's stream for one request, wired as declared; returns the final stage's
+        stream and what to close when the request ends (the transfers' generators, broadcasts)."""
+        streams: dict[int, Any] = {}
+        closers: list = []
+        for stage in self.pipeline.stages:
+            call = StageCall(self, ctx, stage)
+            if stage.takes_request:
+                stream = call.stream(request=request)
+            else:
+                sources = {i: streams[i].tap() if isinstance(streams[i], Broadcast) else streams[i]
+                           for i in stage.input_sources}
+                stream = self.transfers[stage.stage_id].run(request, sources, call)
+                closers.append(stream)
+            readers = len(self.pipeline.consumers(stage.stage_id)) + stage.final_output
+            if readers > 1:
+                stream = Broadcast(stream, readers)
+                closers.append(stream)
+            streams[stage.stage_id] = stream
+        final = streams[self.pipeline.final_stage.stage_id]
+        return (final.tap() if isinstance(final, Broadcast) else final), closers
 
     async def audio(self, ctx: StreamContext, request: dict[str, Any]) -> AsyncIterator[np.ndarray]:
-        if self.codec is not None:
-            async for chunk in self.codec.stream(ctx, request):
-                yield chunk
-            return
-        upstream = self.stage0_stream(ctx, request, ["AUDIO"]).__aiter__()
-        while True:
-            try:
-                out = await self.wait(ctx, upstream.__anext__())
-            except StopAsyncIteration:
-                return
-            yield out["AUDIO"].reshape(-1)
+        final, closers = self.graph(ctx, request)
+        iterator = final.__aiter__()
+        try:
+            while True:
+                try:
+                    out = await self.wait(ctx, iterator.__anext__())
+                except StopAsyncIteration:
+                    return
+                if "AUDIO" in out:
+                    yield out["AUDIO"].reshape(-1)
+        finally:
+            for closer in reversed(closers):   # the stage streams themselves close with ctx
+                await closer.aclose()
 
     async def stream(self, ctx: StreamContext) -> AsyncIterator[list["pb_utils.Tensor"]]:
         request = self.adapter.validate(input_bytes(ctx.request, "TEXT") or b"",

@@ -1,26 +1,28 @@
-"""Base class for stage models called by an entry model over BLS.
+"""Base class for stream stages (decoupled), called by the entry model or a transfer over BLS.
 
-Stage inputs: REQUEST (JSON: the adapter's normalized request), REQUEST_ID, and CONTROL for
-out-of-band messages: `cancel` ends the stream with that REQUEST_ID (see bls.py for why), `ping`
-answers at once (liveness).
+Inputs: REQUEST (JSON: the adapter's normalized request; stages fed by the client's request),
+the stage's declared tensors (stages fed by other stages: codes, hidden states), REQUEST_ID, and
+CONTROL for out-of-band messages: `cancel` ends the stream with that REQUEST_ID (see bls.py for
+why), `ping` answers at once (liveness).
 """
 from __future__ import annotations
 
 import json
 from typing import Any, AsyncIterator
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.deploy import parse_deploy
 from omni_backend.errors import InvalidRequest
-from omni_backend.pipeline import get_pipeline
+from omni_backend.families import pipeline_for
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import StageMetrics
 
 
 class StageModel(DecoupledModel):
     def setup(self) -> None:
-        self.pipeline = get_pipeline(self.parameters["pipeline"])
+        self.pipeline = pipeline_for(self.parameters)
         self.stage_id = int(self.parameters["stage_id"])
         self.stage_config = self.pipeline.stages[self.stage_id]
         self.deploy = parse_deploy(self.param_json("deploy"), f"{self.model_name}/config.pbtxt")
@@ -34,7 +36,10 @@ class StageModel(DecoupledModel):
     def load(self) -> None:
         """Load weights / engines; override."""
 
-    async def generate(self, ctx: StreamContext, request: dict[str, Any]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+    async def generate(self, ctx: StreamContext, request: dict[str, Any] | None,
+                       inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        """The stage's responses for one request: `request` is the client's normalized request
+        (stages fed by it), `inputs` the declared tensors that came with it."""
         raise NotImplementedError
         yield  # pragma: no cover
 
@@ -47,20 +52,35 @@ class StageModel(DecoupledModel):
             target.cancel()
             self.on_cancel(target)
 
-    async def stream(self, ctx: StreamContext) -> AsyncIterator[list["pb_utils.Tensor"]]:
-        rid = (input_bytes(ctx.request, "REQUEST_ID") or b"").decode() or ctx.request_id
+    def _request(self, ctx: StreamContext) -> dict[str, Any] | None:
         raw = input_bytes(ctx.request, "REQUEST")
+        if raw is None:
+            if self.stage_config.takes_request:
+                raise InvalidRequest("REQUEST", "required: this stage is fed the client's request")
+            return None
         try:
-            request = json.loads(raw or b"")
+            request = json.loads(raw)
         except ValueError:
             raise InvalidRequest("REQUEST", "stage input must be a JSON object") from None
-        if not isinstance(request, dict) or not isinstance(request.get("text"), str):
-            raise InvalidRequest("REQUEST", "stage input must be a JSON object with a text field")
+        if not isinstance(request, dict):
+            raise InvalidRequest("REQUEST", "stage input must be a JSON object")
+        return request
+
+    async def stream(self, ctx: StreamContext) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        rid = (input_bytes(ctx.request, "REQUEST_ID") or b"").decode() or ctx.request_id
+        request = self._request(ctx)
+        inputs = {}
+        for spec in self.stage_config.inputs:
+            t = pb_utils.get_input_tensor_by_name(ctx.request, spec.name)
+            if t is not None:
+                inputs[spec.name] = t.as_numpy()
+            elif not spec.optional:
+                raise InvalidRequest(spec.name, "required input is missing")
         ctx.stage_request_id = rid
         self.by_request_id[rid] = ctx
         self.metrics.active.set(len(self.by_request_id))
         try:
-            async for tensors in self.generate(ctx, request):
+            async for tensors in self.generate(ctx, request, inputs):
                 yield tensors
         finally:
             self.by_request_id.pop(rid, None)

@@ -39,7 +39,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def reference(triton):
     """The in-process engine, decoder and adapter on the same built-in checkpoint."""
-    from omni_backend.adapters import adapter_class
+    from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
     from omni_backend.chunking import CodecChunkSchedule
     from omni_backend.deploy import default_deploy_path, load_deploy
     from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
@@ -56,7 +56,7 @@ def reference(triton):
 
     engine = create_engine(path, max_num_seqs=8)
     defaults = dataclasses.replace(engine.default_params, **deploy.stage(0).default_sampling_params)
-    adapter = adapter_class("qwen3_tts").from_model(path)
+    adapter = Qwen3TTSAdapter.from_model(path)
     builder = engine.runner.checkpoint.prompt_builder()
     decoder = Code2Wav.from_checkpoint(f"{path}/speech_tokenizer")
     decoder.batch_invariant = True
@@ -89,10 +89,10 @@ def _request(params):
 
 def served_codes(url: str, text: str, params: dict) -> np.ndarray:
     """Codes straight from the talker stage (its REQUEST is the adapter's normalized request)."""
-    from omni_backend.adapters import adapter_class
+    from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
     from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
 
-    req = adapter_class("qwen3_tts").from_model(resolve_checkpoint(f"builtin:{PIPELINE}")).validate(text, _request(params))
+    req = Qwen3TTSAdapter.from_model(resolve_checkpoint(f"builtin:{PIPELINE}")).validate(text, _request(params))
     client = grpcclient.InferenceServerClient(url)
     results: "queue.Queue" = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))

@@ -23,7 +23,7 @@ import soundfile as sf
 import torch
 
 from client.triton_stream import TritonStreamError, synthesize
-from omni_backend.adapters.qwen3_tts import REF_AUDIO_MAX_CHARS
+from omni_backend.models.qwen3_tts.adapter import REF_AUDIO_MAX_CHARS
 from tests.metrics_scrape import metric
 
 pytestmark = pytest.mark.system
@@ -55,7 +55,7 @@ def voices():
 @pytest.fixture(scope="module")
 def reference(triton):
     """In-process engine, voice encoder and decoder on the same built-in checkpoint."""
-    from omni_backend.adapters import adapter_class
+    from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
     from omni_backend.chunking import CodecChunkSchedule
     from omni_backend.deploy import default_deploy_path, load_deploy
     from omni_backend.engine import SamplingParams  # noqa: F401
@@ -71,7 +71,7 @@ def reference(triton):
     checkpoint = engine.runner.checkpoint
     encoder = VoiceEncoder.from_checkpoint(path, dict(checkpoint.config.speaker_encoder))
     defaults = dataclasses.replace(engine.default_params, **deploy.stage(0).default_sampling_params)
-    adapter = adapter_class("qwen3_tts").from_model(path)
+    adapter = Qwen3TTSAdapter.from_model(path)
     builder = checkpoint.prompt_builder()
     decoder = Code2Wav.from_checkpoint(f"{path}/speech_tokenizer")
     decoder.batch_invariant = True

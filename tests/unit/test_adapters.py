@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from omni_backend.adapters import adapter_class
+from omni_backend.models.hibari.adapter import HibariAdapter
+from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
 from omni_backend.adapters.base import MAX_PARAMS_BYTES
 from omni_backend.errors import InvalidRequest
 
@@ -15,7 +16,7 @@ ERROR = re.compile(r"invalid_request: (?P<field>[A-Za-z_][A-Za-z0-9_]*): (?P<det
 
 @pytest.fixture
 def hibari():
-    return adapter_class("hibari").from_model("builtin:hibari")
+    return HibariAdapter.from_model("builtin:hibari")
 
 
 def test_defaults(hibari):
@@ -98,10 +99,10 @@ def test_errors_name_the_field(hibari, text, params, field):
 
 
 def test_params_bytes_limit_is_per_adapter():
-    from omni_backend.adapters.qwen3_tts import REF_AUDIO_MAX_CHARS, Qwen3TTSAdapter
+    from omni_backend.models.qwen3_tts.adapter import REF_AUDIO_MAX_CHARS, Qwen3TTSAdapter
 
     assert Qwen3TTSAdapter.max_params_bytes > REF_AUDIO_MAX_CHARS
-    assert adapter_class("hibari").max_params_bytes == MAX_PARAMS_BYTES
+    assert HibariAdapter.max_params_bytes == MAX_PARAMS_BYTES
 
 
 def test_blank_params_and_null_values_mean_defaults(hibari):
@@ -115,7 +116,7 @@ def test_blank_params_and_null_values_mean_defaults(hibari):
 def qwen3_adapters(qwen3_tiny_vd):
     from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
 
-    make = adapter_class("qwen3_tts").from_model
+    make = Qwen3TTSAdapter.from_model
     return {"cv": make(resolve_checkpoint("builtin:qwen3_tts_tiny_random")), "vd": make(str(qwen3_tiny_vd))}
 
 

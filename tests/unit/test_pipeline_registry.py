@@ -1,17 +1,31 @@
+"""Pipelines declared as data by their families, and what the declaration must satisfy."""
 from __future__ import annotations
+
+import dataclasses
+import importlib.util
 
 import pytest
 
-from omni_backend.pipeline import PipelineConfig, StageConfig, get_pipeline, pipelines, register
+from omni_backend.families import family_module, get_pipeline, import_path, load_family, pipelines
+from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
+
+AUDIO = (TensorSpec("AUDIO", "FP32", (-1,)),)
+CODES = (TensorSpec("CODES", "INT64", (-1, -1)),)
 
 
-def test_builtin_hibari_is_registered():
+def test_builtin_families_declare_their_pipelines():
     p = get_pipeline("hibari")
-    assert p.model_type == "hibari"
+    assert p.family == "hibari" and family_module("hibari") == "omni_backend.models.hibari.family"
     assert [s.model_stage for s in p.stages] == ["synthesizer"]
-    assert p.final_stage.engine_output_type == "audio"
     assert p.stage_model_name(p.stages[0]) == "hibari__synthesizer"
-    assert "hibari" in pipelines()
+    q = get_pipeline("qwen3_tts_tiny_random")
+    assert [(s.model_stage, s.kind, s.input_sources) for s in q.stages] == [
+        ("talker", "stream", ()), ("code2wav", "batched", (0,))]
+    assert q.final_stage.model_stage == "code2wav"
+    for p in pipelines().values():   # every import path in a declaration names a module
+        import_path(p.adapter)
+        for path in [s.transfer for s in p.stages if s.transfer] + [s.triton_class for s in p.stages]:
+            assert importlib.util.find_spec(path.rpartition(".")[0]) is not None, path
 
 
 def test_unknown_pipeline_names_the_known_ones():
@@ -19,22 +33,42 @@ def test_unknown_pipeline_names_the_known_ones():
         get_pipeline("nope")
 
 
-def _stage(i, final=False, sources=()):
-    return StageConfig(stage_id=i, model_stage=f"s{i}", execution_type="llm_ar",
-                       engine_output_type="audio" if final else "latent", final_output=final,
-                       input_sources=sources)
+def _stage(i, final=False, sources=(), kind="stream", transfer=None, inputs=()):
+    return StageConfig(stage_id=i, model_stage=f"s{i}", kind=kind, triton_class="x.Y",
+                       outputs=AUDIO if final else CODES, final_output=final, input_sources=sources,
+                       transfer="x.T" if transfer is None and sources else (transfer or ""), inputs=inputs)
 
 
 @pytest.mark.parametrize("stages,msg", [
-    ((_stage(0), _stage(2, final=True)), "0..N-1"),
-    ((_stage(0), _stage(1)), "exactly one stage"),
-    ((_stage(0, sources=(1,)), _stage(1, final=True)), "later stages"),
+    ((_stage(0), _stage(2, final=True, sources=(0,))), "0..N-1"),
+    ((_stage(0), _stage(1, sources=(0,))), "exactly one stage"),
+    ((_stage(0, sources=(1,)), _stage(1, final=True)), "not earlier stages"),
+    ((_stage(0), _stage(1, final=True, sources=(1,))), "not earlier stages"),
+    ((_stage(0), _stage(1, final=True, sources=(0,), transfer="")), "no transfer hook"),
+    ((_stage(0, transfer="x.T"), _stage(1, final=True, sources=(0,))), "no input_sources"),
+    ((_stage(0, kind="batched"), _stage(1, final=True, sources=(0,))), "must be a stream stage"),
+    ((_stage(0), _stage(1, sources=(0,)), _stage(2, final=True, sources=(0,))), "goes nowhere"),
+    ((_stage(0), _stage(1, final=True, sources=(0,), inputs=(TensorSpec("REQUEST", "STRING", (1,)),))),
+     "reserved"),
+    ((dataclasses.replace(_stage(0, final=True), outputs=CODES),), "must output AUDIO"),
 ])
-def test_invalid_topologies_are_rejected(stages, msg):
+def test_invalid_graphs_are_rejected(stages, msg):
     with pytest.raises(ValueError, match=msg):
-        register(PipelineConfig(name="bad", model_type="x", stages=stages, default_deploy="x"))
+        PipelineConfig(name="bad", family="x", adapter="x.A", stages=stages, default_deploy="x").validate()
 
 
-def test_duplicate_registration_is_rejected():
-    with pytest.raises(ValueError, match="already registered"):
-        register(get_pipeline("hibari"))
+def test_a_dag_with_fan_out_is_valid():
+    stages = (_stage(0), _stage(1, sources=(0,)), _stage(2, final=True, sources=(0, 1)))
+    PipelineConfig(name="dag", family="x", adapter="x.A", stages=stages, default_deploy="x").validate()
+
+
+def test_a_family_declaring_a_known_pipeline_is_rejected(tmp_path, monkeypatch):
+    (tmp_path / "clash_family.py").write_text(
+        "from omni_backend.families import get_pipeline\nPIPELINES = (get_pipeline('hibari'),)\n")
+    with pytest.raises(ValueError, match="declared by omni_backend.models.hibari.family and clash_family"):
+        load_family("clash_family", str(tmp_path))
+
+
+def test_tensor_dtypes_are_checked():
+    with pytest.raises(ValueError, match="dtype"):
+        TensorSpec("X", "FLOAT", (1,))

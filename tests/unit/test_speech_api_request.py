@@ -12,7 +12,10 @@ BASE = {"model": "tts-1", "input": "Hello.", "voice": "alloy"}
 
 @pytest.fixture(scope="module")
 def hibari() -> PipelineInfo:
-    return describe_pipeline("hibari", "builtin:hibari")
+    from ensemble_builder.build import catalog
+    from omni_backend.families import get_pipeline
+
+    return describe_pipeline("hibari", catalog(get_pipeline("hibari"), "builtin:hibari"))
 
 
 def error_of(fn, *args) -> ApiError:

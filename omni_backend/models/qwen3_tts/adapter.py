@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter, register_adapter
+from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter
 from omni_backend.errors import InvalidRequest
 
 TASK_TYPES = {"customvoice": "custom_voice", "voicedesign": "voice_design", "base": "base"}
@@ -23,9 +23,7 @@ REF_AUDIO_MAX_BYTES = 10 * 1024 * 1024
 REF_AUDIO_MAX_CHARS = REF_AUDIO_MAX_BYTES * 4 // 3 + 256   # base64 of 10 MiB plus a data-URL header
 
 
-@register_adapter
 class Qwen3TTSAdapter(TTSAdapter):
-    name = "qwen3_tts"
     max_params_bytes = REF_AUDIO_MAX_CHARS + MAX_PARAMS_BYTES   # room for ref_audio's base64
     params = (
         Param("voice", str, max_len=64, help="preset speaker (CustomVoice), case-insensitive"),
@@ -71,11 +69,20 @@ class Qwen3TTSAdapter(TTSAdapter):
         return cls({"prompt_builder": builder, "model_path": path})
 
     @property
-    def model_type(self) -> str:
+    def checkpoint_kind(self) -> str:
+        """custom_voice, voice_design or base (config.json's tts_model_type)."""
         return self.builder.config.tts_model_type
 
+    def describe(self) -> dict[str, Any]:
+        """Preset speakers from config.json; only Base checkpoints clone voices (their clone
+        fields are left out for the others)."""
+        clones = self.checkpoint_kind == "base"
+        clone_fields = ("ref_audio", "ref_text", "x_vector_only_mode")
+        return {"params": [p.to_dict() for p in self.params if clones or p.name not in clone_fields],
+                "voices": list(self.builder.speakers), "clones_voices": clones}
+
     def check(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
-        kind = self.model_type
+        kind = self.checkpoint_kind
         task = params.get("task_type")
         if task is not None:
             canonical = TASK_TYPES.get(task.replace("_", "").replace("-", "").lower())

@@ -22,7 +22,8 @@ class HibariStage(StageModel):
         self.voice = HibariVoice(threads=self.stage_deploy.threads,
                                  max_concurrent=self.stage_deploy.max_num_seqs)
 
-    async def generate(self, ctx: StreamContext, request: dict[str, Any]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+    async def generate(self, ctx: StreamContext, request: dict[str, Any],
+                       inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
         sentences = self.voice.stream(request["text"], voice=request["voice"],
                                       speed=request["speed"], seed=request["seed"])
         chunks = 0

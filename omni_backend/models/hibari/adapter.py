@@ -1,16 +1,14 @@
 """Request fields of the embedded hibari voice."""
 from __future__ import annotations
 
-from omni_backend.adapters.base import Param, TTSAdapter, register_adapter
+from omni_backend.adapters.base import Param, TTSAdapter
 
 # Only voices whose weights ship inside the wheel: the others download on first use, and a
 # server must never fetch at run time.
 OFFLINE_VOICES = ("heart",)
 
 
-@register_adapter
 class HibariAdapter(TTSAdapter):
-    name = "hibari"
     params = (
         Param("voice", str, default="heart", choices=OFFLINE_VOICES, help="voice name"),
         Param("speed", float, default=1.0, lo=0.5, hi=2.0, help="speaking rate"),

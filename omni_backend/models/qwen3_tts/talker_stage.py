@@ -94,7 +94,8 @@ class Qwen3TalkerStage(StageModel):
         values = {k: request[k] for k in SAMPLING_FIELDS if request.get(k) is not None}
         return dataclasses.replace(self.default_params, seed=request.get("seed"), **values)
 
-    async def generate(self, ctx: StreamContext, request: dict[str, Any]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+    async def generate(self, ctx: StreamContext, request: dict[str, Any],
+                       inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
         clone = await self._voice_clone(ctx, request)
         prompt = self.builder.build(request["text"], speaker=request.get("voice"),
                                     language=request.get("language"), instruct=request.get("instructions"),

@@ -1,0 +1,39 @@
+"""Qwen3-TTS pipelines: talker (+ code predictor) -> code2wav.
+
+The talker streams codec frames (CODES [frames, 16]; a voice-clone prompt's own codes first as
+CONTEXT_CODES); codec windows (omni_backend/triton/codec_windows.py) carry them to code2wav.
+"""
+from __future__ import annotations
+
+from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
+
+
+def _qwen3_tts(name: str, description: str, default_model: str | None) -> PipelineConfig:
+    return PipelineConfig(
+        name=name,
+        family="qwen3_tts",
+        adapter="omni_backend.models.qwen3_tts.adapter.Qwen3TTSAdapter",
+        description=description,
+        default_deploy=name,
+        default_model=default_model,
+        stages=(
+            StageConfig(stage_id=0, model_stage="talker", kind="stream",
+                        outputs=(TensorSpec("CODES", "INT64", (-1, -1)), TensorSpec("CONTEXT_CODES", "INT64", (-1, -1))),
+                        triton_class="omni_backend.models.qwen3_tts.talker_stage.Qwen3TalkerStage"),
+            StageConfig(stage_id=1, model_stage="code2wav", kind="batched", input_sources=(0,), final_output=True,
+                        inputs=(TensorSpec("CODES", "INT64", (-1, -1)), TensorSpec("LEFT_CONTEXT", "INT32", (1,))),
+                        outputs=(TensorSpec("AUDIO", "FP32", (-1,)),),
+                        transfer="omni_backend.triton.codec_windows.CodecWindows",
+                        triton_class="omni_backend.models.qwen3_tts.code2wav_stage.Code2WavStage"),
+        ),
+    )
+
+
+PIPELINES = (
+    _qwen3_tts("qwen3_tts", "Qwen3-TTS 12 Hz (CustomVoice / VoiceDesign / Base): talker + code predictor -> "
+                            "code2wav; needs --model PATH", None),
+    _qwen3_tts("qwen3_tts_tiny_random", "Qwen3-TTS tiny RANDOM weights (speaks noise): the two-stage path out of "
+                                        "the box", "builtin:qwen3_tts_tiny_random"),
+    _qwen3_tts("qwen3_tts_tiny_random_base", "Qwen3-TTS tiny RANDOM weights, Base checkpoint (voice cloning from "
+                                             "ref_audio; speaks noise)", "builtin:qwen3_tts_tiny_random_base"),
+)

@@ -1,0 +1,90 @@
+"""Base class for batched stages: stateless, one response per request, Triton dynamic batching.
+
+Requests carry the stage's declared inputs (omni_backend/pipeline.py) with a leading batch
+dimension. A request whose variable-size inputs are all empty is the entry's liveness ping and is
+answered with empty outputs. The rest are grouped by `batch_key` (requests that can run as one
+batch) and each group runs through `run_batch`; a failing group fails its own requests only.
+Families implement `load`, `batch_key` and `run_batch`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Hashable
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_backend.deploy import parse_deploy
+from omni_backend.errors import PipelineError
+from omni_backend.families import pipeline_for
+from omni_backend.triton import stub_process
+
+Inputs = dict[str, np.ndarray]
+
+
+class BatchedStage:
+    def initialize(self, args: dict) -> None:
+        stub_process.start_orphan_guard()
+        stub_process.start_heartbeat()
+        config = json.loads(args["model_config"])
+        self.model_name = args["model_name"]
+        self.parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.pipeline = pipeline_for(self.parameters)
+        self.stage_config = self.pipeline.stages[int(self.parameters["stage_id"])]
+        self.deploy = parse_deploy(json.loads(self.parameters["deploy"]), f"{self.model_name}/config.pbtxt")
+        self.stage_deploy = self.deploy.stage(self.stage_config.stage_id)
+        self.model_path = self.parameters.get("model") or self.pipeline.default_model
+        self.load()
+
+    def load(self) -> None:
+        """Load weights; override."""
+
+    def batch_key(self, inputs: Inputs) -> Hashable:
+        """Requests with equal keys run as one batch; raise PipelineError to reject a request."""
+        return tuple((name, a.shape[1:]) for name, a in inputs.items())
+
+    def run_batch(self, batch: list[Inputs]) -> list[dict[str, np.ndarray]]:
+        """One output dict per request (each with its leading batch dimension)."""
+        raise NotImplementedError
+
+    def _empty(self) -> dict[str, np.ndarray]:
+        return {t.name: t.empty(batched=True) for t in self.stage_config.outputs}
+
+    def _is_ping(self, inputs: Inputs) -> bool:
+        variable = [inputs[t.name] for t in self.stage_config.inputs if -1 in t.dims and t.name in inputs]
+        return bool(variable) and all(a.size == 0 for a in variable)
+
+    def execute(self, requests: list) -> list:
+        groups: dict[Hashable, list[int]] = {}
+        batches: list[Inputs | None] = []
+        responses: list[Any] = [None] * len(requests)
+        for i, request in enumerate(requests):
+            inputs = {}
+            for spec in self.stage_config.inputs:
+                t = pb_utils.get_input_tensor_by_name(request, spec.name)
+                if t is not None:
+                    inputs[spec.name] = t.as_numpy()
+            batches.append(inputs)
+            if self._is_ping(inputs):
+                responses[i] = pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(n, a) for n, a in self._empty().items()])
+                continue
+            try:
+                groups.setdefault(self.batch_key(inputs), []).append(i)
+            except PipelineError as e:
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
+        for members in groups.values():
+            try:
+                outputs = self.run_batch([batches[i] for i in members])
+                for i, out in zip(members, outputs):
+                    responses[i] = pb_utils.InferenceResponse(
+                        output_tensors=[pb_utils.Tensor(n, np.ascontiguousarray(a)) for n, a in out.items()])
+            except Exception as e:  # noqa: BLE001 - a bad window fails its own requests only
+                message = str(e) if isinstance(e, PipelineError) else \
+                    f"internal: {self.stage_config.model_stage}: {type(e).__name__}: {e}"
+                for i in members:
+                    responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+        return responses
+
+    def finalize(self) -> None:
+        stub_process.exit_after_finalize()

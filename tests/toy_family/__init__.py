@@ -1,0 +1,27 @@
+"""A test-only model family declared entirely here: three stages that pass tensors.
+
+It proves that the shared layers (entry, stages, transfers, builder, speech API catalog) serve a
+family they have never heard of: `writer` streams the text's code points in pieces (INT64),
+`shaper` turns each piece into frames (FP32 [n, 2]) on a stream opened per piece, `render` (a
+batched stage) turns frames into audio. The expected audio is `expected_audio` below.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+PIECE = 3   # code points per writer response
+
+
+def frames_of(tokens: np.ndarray) -> np.ndarray:
+    t = tokens.astype(np.float32)
+    return np.stack([np.sin(t / 7.0), np.cos(t / 11.0)], axis=1)
+
+
+def audio_of(frames: np.ndarray, gain: float) -> np.ndarray:
+    return (frames.reshape(-1) * np.float32(gain)).astype(np.float32)
+
+
+def expected_audio(text: str, gain: float) -> np.ndarray:
+    tokens = np.array([ord(c) for c in text], dtype=np.int64)
+    return np.concatenate([audio_of(frames_of(tokens[i:i + PIECE]), gain)
+                           for i in range(0, len(tokens), PIECE)])

@@ -1,0 +1,37 @@
+"""The toy family's Triton models (loaded only inside Triton's stubs)."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Hashable
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_backend.triton.batched_stage import BatchedStage, Inputs
+from omni_backend.triton.decoupled import StreamContext
+from omni_backend.triton.stage import StageModel
+from tests.toy_family import PIECE, audio_of, frames_of
+
+
+class Writer(StageModel):
+    async def generate(self, ctx: StreamContext, request: dict[str, Any] | None,
+                       inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        tokens = np.array([ord(c) for c in request["text"]], dtype=np.int64)
+        for i in range(0, len(tokens), PIECE):
+            await asyncio.sleep(0.01)   # a piece at a time, like an AR stage
+            yield [pb_utils.Tensor("TOKENS", tokens[i:i + PIECE])]
+
+
+class Shaper(StageModel):
+    async def generate(self, ctx: StreamContext, request: dict[str, Any] | None,
+                       inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        yield [pb_utils.Tensor("FRAMES", frames_of(inputs["TOKENS"].reshape(-1)))]
+
+
+class Render(BatchedStage):
+    def batch_key(self, inputs: Inputs) -> Hashable:
+        return inputs["FRAMES"].shape[1:]
+
+    def run_batch(self, batch: list[Inputs]) -> list[dict[str, np.ndarray]]:
+        return [{"AUDIO": np.stack([audio_of(f, float(g.reshape(-1)[0]))
+                                    for f, g in zip(b["FRAMES"], b["GAIN"])])} for b in batch]
