@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from ensemble_builder.pbtxt import render
-from omni_backend.deploy import DeployConfig, default_deploy_path, load_deploy
+from omni_backend.deploy import DeployConfig, check_options, default_deploy_path, load_deploy
 from omni_backend.families import BUILTIN_FAMILIES, family_module, get_pipeline, import_path
 from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
 
@@ -126,6 +126,7 @@ def build(pipeline: str, out: str | Path, deploy_path: str | Path | None = None,
     deploy = load_deploy(deploy_path or default_deploy_path(p.default_deploy))
     if deploy.pipeline != p.name:
         raise ValueError(f"{deploy.source}: pipeline: is {deploy.pipeline!r}, expected {p.name!r}")
+    check_options(deploy, p)
     model = model or deploy.model or p.default_model
     if model is None:
         raise ValueError(f"pipeline {p.name} needs --model PATH (a checkpoint folder)")

@@ -57,7 +57,8 @@ class StageDeploy:
     max_batch_size: int = 8        # Triton dynamic batching for stateless stages
     max_queue_delay_us: int = 2000
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
-    subtalker_sampling_params: dict[str, Any] = field(default_factory=dict)
+    # The family's own knobs for this stage (StageConfig.options declares them; check_options)
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exact_batches(self) -> bool:
@@ -160,6 +161,8 @@ def _stage(src: str, prefix: str, raw: Any) -> StageDeploy:
             s.device = _device(src, key, v)
         elif k in ("enforce_eager", "batch_invariant"):
             setattr(s, k, _bool(src, key, v))
+        elif k == "options":
+            s.options = dict(_mapping(src, key, v))
         elif k == "cuda_graph_sizes":
             if not isinstance(v, list) or not v:
                 raise _fail(src, key, f"must be a non-empty list of integers, got {v!r}")
@@ -167,8 +170,8 @@ def _stage(src: str, prefix: str, raw: Any) -> StageDeploy:
         else:
             setattr(s, k, _sampling(src, key, v))
     s.batch_invariant = s.exact_batches   # resolved, so the built repository states it
-    if s.engine == "vllm" and s.device == "cpu":
-        raise _fail(src, prefix + "engine", "vllm runs on GPU only; use engine: torch on cpu")
+    if s.engine == "vllm":   # rejected, not silently run on the torch engine
+        raise _fail(src, prefix + "engine", "vllm is not available for any stage yet; use engine: torch")
     return s
 
 
@@ -204,6 +207,32 @@ def parse_deploy(raw: Any, source: str = "<dict>") -> DeployConfig:
         ids = [s.stage_id for s in cfg.stages]
         if len(set(ids)) != len(ids):
             raise _fail(source, "stages", f"duplicate stage_id in {ids}")
+    return cfg
+
+
+def check_options(cfg: DeployConfig, pipeline: Any) -> DeployConfig:
+    """Each stage's `options` against the knobs its family declares (StageConfig.options, a
+    tuple of omni_backend.adapters.base.Param): unknown keys and bad values are errors naming
+    the key; missing ones take the declared default. Also: no deploy for a stage that does
+    not exist."""
+    from omni_backend.errors import InvalidRequest
+
+    stages = {s.stage_id: s for s in pipeline.stages}
+    for i, sd in enumerate(cfg.stages):
+        if sd.stage_id not in stages:
+            raise _fail(cfg.source, f"stages[{i}].stage_id", f"pipeline {pipeline.name} has no stage {sd.stage_id}")
+    for stage in pipeline.stages:
+        sd = cfg.stage(stage.stage_id)
+        declared = {p.name: p for p in stage.options}
+        where = f"stages[{stage.stage_id}].options"
+        for key in sd.options:
+            if key not in declared:
+                allowed = ", ".join(sorted(declared)) or "none"
+                raise _fail(cfg.source, f"{where}.{key}", f"unknown option of {stage.model_stage}; allowed: {allowed}")
+        try:
+            sd.options = {name: p.check(sd.options.get(name)) for name, p in declared.items()}
+        except InvalidRequest as e:
+            raise _fail(cfg.source, f"{where}.{e.field}", str(e).split(f"{e.field}: ", 1)[-1]) from None
     return cfg
 
 

@@ -63,6 +63,9 @@ class StageConfig:
     # the sources' streams into this stage's requests; required when input_sources is set.
     transfer: str = ""
     final_output: bool = False            # its AUDIO is what the client hears
+    # The family's own deploy knobs for this stage (`stages[i].options` in the deploy YAML), as
+    # omni_backend.adapters.base.Param: checked at build and load, defaults filled in.
+    options: tuple = ()
 
     @property
     def takes_request(self) -> bool:

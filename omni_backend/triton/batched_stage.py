@@ -14,7 +14,7 @@ from typing import Any, Hashable
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.deploy import parse_deploy
+from omni_backend.deploy import check_options, parse_deploy
 from omni_backend.errors import PipelineError
 from omni_backend.families import pipeline_for
 from omni_backend.triton import stub_process
@@ -31,7 +31,8 @@ class BatchedStage:
         self.parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.pipeline = pipeline_for(self.parameters)
         self.stage_config = self.pipeline.stages[int(self.parameters["stage_id"])]
-        self.deploy = parse_deploy(json.loads(self.parameters["deploy"]), f"{self.model_name}/config.pbtxt")
+        self.deploy = check_options(parse_deploy(json.loads(self.parameters["deploy"]),
+                                                 f"{self.model_name}/config.pbtxt"), self.pipeline)
         self.stage_deploy = self.deploy.stage(self.stage_config.stage_id)
         self.model_path = self.parameters.get("model") or self.pipeline.default_model
         self.load()

@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.deploy import parse_deploy
+from omni_backend.deploy import check_options, parse_deploy
 from omni_backend.errors import InvalidRequest
 from omni_backend.families import pipeline_for
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
@@ -25,7 +25,8 @@ class StageModel(DecoupledModel):
         self.pipeline = pipeline_for(self.parameters)
         self.stage_id = int(self.parameters["stage_id"])
         self.stage_config = self.pipeline.stages[self.stage_id]
-        self.deploy = parse_deploy(self.param_json("deploy"), f"{self.model_name}/config.pbtxt")
+        self.deploy = check_options(parse_deploy(self.param_json("deploy"), f"{self.model_name}/config.pbtxt"),
+                                    self.pipeline)
         self.stage_deploy = self.deploy.stage(self.stage_id)
         self.model_path = self.parameters.get("model") or self.pipeline.default_model
         self.by_request_id: dict[str, StreamContext] = {}

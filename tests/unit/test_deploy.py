@@ -71,3 +71,30 @@ def test_yaml_errors_name_the_file(tmp_path: Path):
         load_deploy(bad)
     with pytest.raises(DeployError, match="file not found"):
         load_deploy(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("stages, key", [
+    ([{"stage_id": 0, "options": {"subtalker_temprature": 0.5}}], "stages[0].options.subtalker_temprature"),
+    ([{"stage_id": 0, "options": {"subtalker_top_k": -1}}], "stages[0].options.subtalker_top_k"),
+    ([{"stage_id": 0, "options": {"subtalker_do_sample": "yes"}}], "stages[0].options.subtalker_do_sample"),
+    ([{"stage_id": 1, "options": {"subtalker_top_k": 5}}], "stages[1].options.subtalker_top_k"),  # code2wav has none
+    ([{"stage_id": 5}], "stages[0].stage_id"),
+])
+def test_family_options_are_checked_against_the_stage(stages, key):
+    from omni_backend.deploy import check_options
+    from omni_backend.families import get_pipeline
+
+    cfg = parse_deploy({"pipeline": "qwen3_tts", "stages": stages}, "deploy/x.yaml")
+    with pytest.raises(DeployError) as e:
+        check_options(cfg, get_pipeline("qwen3_tts"))
+    assert str(e.value).startswith(f"deploy/x.yaml: {key}:"), str(e.value)
+
+
+def test_family_options_take_their_defaults():
+    from omni_backend.deploy import check_options
+    from omni_backend.families import get_pipeline
+
+    cfg = check_options(parse_deploy({"pipeline": "qwen3_tts", "stages": [
+        {"stage_id": 0, "options": {"subtalker_top_k": 7}}]}), get_pipeline("qwen3_tts"))
+    assert cfg.stage(0).options == {"subtalker_do_sample": None, "subtalker_temperature": None,
+                                    "subtalker_top_k": 7, "subtalker_top_p": None}

@@ -5,7 +5,17 @@ CONTEXT_CODES); codec windows (omni_backend/triton/codec_windows.py) carry them 
 """
 from __future__ import annotations
 
+from omni_backend.adapters.base import Param
 from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
+
+# Deploy defaults for the code predictor's sampling (codebooks 1..15); unset: the checkpoint's
+# generation_config.json. A request's own subtalker_* parameters override them.
+TALKER_OPTIONS = (
+    Param("subtalker_do_sample", bool),
+    Param("subtalker_temperature", float, lo=1e-3, hi=5.0),
+    Param("subtalker_top_k", int, lo=0, hi=2048),
+    Param("subtalker_top_p", float, lo=1e-3, hi=1.0),
+)
 
 
 def _qwen3_tts(name: str, description: str, default_model: str | None) -> PipelineConfig:
@@ -17,7 +27,7 @@ def _qwen3_tts(name: str, description: str, default_model: str | None) -> Pipeli
         default_deploy=name,
         default_model=default_model,
         stages=(
-            StageConfig(stage_id=0, model_stage="talker", kind="stream",
+            StageConfig(stage_id=0, model_stage="talker", kind="stream", options=TALKER_OPTIONS,
                         outputs=(TensorSpec("CODES", "INT64", (-1, -1)), TensorSpec("CONTEXT_CODES", "INT64", (-1, -1))),
                         triton_class="omni_backend.models.qwen3_tts.talker_stage.Qwen3TalkerStage"),
             StageConfig(stage_id=1, model_stage="code2wav", kind="batched", input_sources=(0,), final_output=True,

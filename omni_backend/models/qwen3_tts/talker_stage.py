@@ -29,6 +29,7 @@ from omni_backend.models.qwen3_tts.runner import create_engine
 from omni_backend.triton.decoupled import StreamContext
 from omni_backend.triton.stage import StageModel
 
+# What a request may set (the adapter's names); min_new_tokens is a deploy default only.
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} - {"seed", "min_new_tokens"}
 
 
@@ -41,12 +42,10 @@ class Qwen3TalkerStage(StageModel):
                                enforce_eager=sd.enforce_eager, batch_invariant=sd.exact_batches,
                                max_prefills_per_step=sd.max_prefills_per_step)
         self.builder = engine.runner.checkpoint.prompt_builder()
-        # Deploy-level sampling defaults override the checkpoint's generation_config.json.
-        overrides = dict(sd.default_sampling_params)
-        for key, value in sd.subtalker_sampling_params.items():
-            overrides[f"subtalker_{key}"] = value
-        overrides = {k: v for k, v in overrides.items() if k in SAMPLING_FIELDS}
-        self.default_params = dataclasses.replace(engine.default_params, **overrides)
+        # Deploy-level sampling defaults (every key of default_sampling_params, and the code
+        # predictor's from options) override the checkpoint's generation_config.json.
+        overrides = {**sd.default_sampling_params, **{k: v for k, v in sd.options.items() if v is not None}}
+        self.default_params = dataclasses.replace(engine.default_params, **overrides).validate()
         self.engine = AsyncEngine(engine)
         checkpoint = engine.runner.checkpoint
         self.voice_encoder = None
