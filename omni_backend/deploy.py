@@ -60,10 +60,11 @@ class StageDeploy:
     # The family's own knobs for this stage (StageConfig.options declares them; check_options)
     options: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def exact_batches(self) -> bool:
-        """Whether batched rows must equal solo rows bit for bit (``batch_invariant``, default: on CPU)."""
-        return self.device == "cpu" if self.batch_invariant is None else self.batch_invariant
+    def resolve(self) -> "StageDeploy":
+        """Settle the defaults that depend on the device: batch_invariant is on for CPU."""
+        if self.batch_invariant is None:
+            self.batch_invariant = self.device == "cpu"
+        return self
 
 
 @dataclass
@@ -79,7 +80,7 @@ class DeployConfig:
         for s in self.stages:
             if s.stage_id == stage_id:
                 return s
-        return StageDeploy(stage_id=stage_id)
+        return StageDeploy(stage_id=stage_id).resolve()
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -169,7 +170,7 @@ def _stage(src: str, prefix: str, raw: Any) -> StageDeploy:
             s.cuda_graph_sizes = sorted({_int(src, f"{key}[{i}]", x, 1) for i, x in enumerate(v)})
         else:
             setattr(s, k, _sampling(src, key, v))
-    s.batch_invariant = s.exact_batches   # resolved, so the built repository states it
+    s.resolve()   # so the built repository states it
     if s.engine == "vllm":   # rejected, not silently run on the torch engine
         raise _fail(src, prefix + "engine", "vllm is not available for any stage yet; use engine: torch")
     return s

@@ -127,9 +127,9 @@ def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params:
     engine = create_engine(model_dir, max_num_seqs=s0.max_num_seqs,
                            max_model_len=s0.max_model_len, dtype=s0.dtype, device=s0.device,
                            cuda_graph_sizes=s0.cuda_graph_sizes, enforce_eager=s0.enforce_eager,
-                           batch_invariant=s0.exact_batches, max_prefills_per_step=s0.max_prefills_per_step)
+                           batch_invariant=s0.batch_invariant, max_prefills_per_step=s0.max_prefills_per_step)
     decoder = Code2Wav.from_checkpoint(os.path.join(model_dir, "speech_tokenizer"), device=s1.device)
-    decoder.batch_invariant = s1.exact_batches
+    decoder.batch_invariant = s1.batch_invariant
     builder = engine.runner.checkpoint.prompt_builder()
     sp = dataclasses.replace(engine.default_params, **{k: v for k, v in params.items() if k != "voice"})
     a = deploy.async_chunk
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="omni-bench-"))
     if pipeline.family == "qwen3_tts":
         from omni_backend.models.qwen3_tts.builtin import cache_root, resolve_checkpoint
-        from omni_backend.models.qwen3_tts.random_checkpoint import write_random_checkpoint
+        from omni_backend.testing.qwen3_tts_random import write_random_checkpoint
 
         if args.size:
             model = str(cache_root() / f"bench-{args.size}")

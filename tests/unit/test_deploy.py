@@ -26,7 +26,7 @@ def test_batch_invariant_defaults_to_the_device():
                                                     {"stage_id": 2, "batch_invariant": False},
                                                     {"stage_id": 3, "device": "cuda:1", "batch_invariant": True}]})
     assert [cfg.stage(i).batch_invariant for i in range(4)] == [True, False, False, True]
-    assert cfg.stage(9).exact_batches   # an unlisted stage: CPU default
+    assert cfg.stage(9).batch_invariant   # an unlisted stage: CPU default
     assert parse_deploy(cfg.to_dict()).to_dict() == cfg.to_dict()   # what the builder writes reads back
 
 

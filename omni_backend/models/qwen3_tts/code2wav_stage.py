@@ -31,7 +31,7 @@ class Code2WavStage(BatchedStage):
         self.decoder = Code2Wav.from_checkpoint(os.path.join(path, "speech_tokenizer"), device=sd.device)
         # By default on CPU, decode each window alone so a stream's audio never depends on what it
         # was batched with (bit-identical to serving it solo); GPUs batch for throughput.
-        self.decoder.batch_invariant = sd.exact_batches
+        self.decoder.batch_invariant = sd.batch_invariant
         self.decode_window = self.decoder.decode_window
         if self.decoder.device.type == "cuda" and not sd.enforce_eager:
             self.decode_window = self.capture_graphs()

@@ -39,7 +39,7 @@ class Qwen3TalkerStage(StageModel):
         engine = create_engine(resolve_checkpoint(self.model_path), max_num_seqs=sd.max_num_seqs,
                                max_model_len=sd.max_model_len, num_threads=sd.threads, dtype=sd.dtype,
                                device=sd.device, cuda_graph_sizes=sd.cuda_graph_sizes,
-                               enforce_eager=sd.enforce_eager, batch_invariant=sd.exact_batches,
+                               enforce_eager=sd.enforce_eager, batch_invariant=sd.batch_invariant,
                                max_prefills_per_step=sd.max_prefills_per_step)
         self.builder = engine.runner.checkpoint.prompt_builder()
         # Deploy-level sampling defaults (every key of default_sampling_params, and the code
