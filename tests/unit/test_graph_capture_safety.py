@@ -1,36 +1,40 @@
 """What a CUDA graph captures must never read a device value on the host.
 
-This machine has no GPU, so the captured step functions (:meth:`StaticFrameStep.run`, the
-code2wav forward of :class:`Code2WavGraphs`) run here on the **meta** device, at the released
-0.6B / 1.7B shapes: meta tensors have shapes but no values, so an ``.item()``, a ``bool(tensor)``,
-a data-dependent shape (``nonzero``, boolean indexing) or a stray CPU tensor inside the step
-raises, exactly the things that break or silently freeze a graph capture. ``perf/gpu/check.sh``
-then checks replay parity on a real GPU.
+The unit tests run without a GPU, so the captured step functions
+(:meth:`GraphSafeStaticStep.run`, the code2wav forward of :class:`Code2WavGraphs`) run on the
+**meta** device, at the released 0.6B / 1.7B shapes: meta tensors have shapes but no values, so
+an ``.item()``, a ``bool(tensor)``, a data-dependent shape (``nonzero``, boolean indexing) or a
+stray CPU tensor inside the step raises, exactly the things that break or silently freeze a
+graph capture. ``perf/gpu/check.sh`` then checks replay parity on a real GPU.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
+from omni_backend.engine.sampling import TokenRules
 from omni_backend.models.qwen3_tts.code2wav import Code2Wav, Code2WavConfig
 from omni_backend.models.qwen3_tts.config import Qwen3TTSConfig
-from omni_backend.models.qwen3_tts.random_checkpoint import checkpoint_config
-from omni_backend.models.qwen3_tts.speech_tokenizer_checkpoint import speech_tokenizer_config
-from omni_backend.models.qwen3_tts.static_step import StaticFrameStep
+from omni_backend.models.qwen3_tts.decode import Qwen3Decode
+from omni_backend.models.qwen3_tts.static_step import GraphSafeStaticStep
 from omni_backend.models.qwen3_tts.talker import Talker
+from omni_backend.testing.qwen3_tts_random import checkpoint_config
+from omni_backend.testing.qwen3_tts_random_speech_tokenizer import speech_tokenizer_config
 
 META = torch.device("meta")
 
 
-def _meta_static_step(size: str, rows: int, max_len: int) -> StaticFrameStep:
+def _meta_static_step(size: str, rows: int, max_len: int) -> GraphSafeStaticStep:
     config = Qwen3TTSConfig.from_dict(checkpoint_config(size, "custom_voice"))
     with META:
         talker = Talker(config.talker).to(torch.bfloat16)
     cp = talker.code_predictor
-    return StaticFrameStep(talker, talker.new_cache(rows, max_len, torch.bfloat16, META),
-                           cp.new_cache(rows, torch.bfloat16, META), talker.new_rotary(torch.bfloat16, META),
-                           cp.new_rotary(torch.bfloat16, META), rows, max_len, config.talker.codec_eos_token_id,
-                           tuple(config.talker.suppressed_codec_ids))
+    t = config.talker
+    return GraphSafeStaticStep(Qwen3Decode(talker, cp.new_rotary(torch.bfloat16, META)),
+                               talker.new_cache(rows, max_len, torch.bfloat16, META),
+                               cp.new_cache(rows, torch.bfloat16, META), talker.new_rotary(torch.bfloat16, META),
+                               rows, max_len,
+                               TokenRules(t.vocab_size, t.codec_eos_token_id, t.suppressed_codec_ids, META))
 
 
 def test_meta_device_rejects_host_reads():

@@ -1,22 +1,28 @@
-"""The fast decode paths.
+"""The decode strategies (:mod:`omni_backend.models.qwen3_tts.decode`, written once).
 
-* :class:`DecodeStep` (the CPU engine's step) gives the same bits as the module path
-  (``Talker.decode``, ``CodePredictor.first/next``) at batch 1 and 3, on two shapes; its traced
-  greedy frame gives the same codes as its eager loop.
-* :class:`StaticFrameStep` (the CUDA-graph step), run eagerly on CPU through the engine: greedy
-  runs, stops at eos, sampling is reproducible per seed and independent of the batch, and padding
-  rows up to a bucket do not change the real rows.
+* The decode's fused projections (q | k | v, gate | up) give the same bits as the separate ones
+  that prefill and the reference use, at 1 and 2 positions per row and batches 1 and 3.
+* :class:`BatchInvariantExactStep` (the CPU engine's step): every row of a batch equals that row
+  decoded alone (talker decode, every code-predictor step, the cache contents); its traced greedy
+  frame gives the codes of a step that never traces, at batch 1 and row by row at batch 2, and a
+  replay that differs is dropped.
+* :class:`GraphSafeStaticStep` (the CUDA-graph step), run eagerly on CPU through the engine:
+  greedy runs, stops at eos, sampling is reproducible per seed and independent of the batch, and
+  padding rows up to a bucket do not change the real rows.
 * :class:`GraphBuckets` bucket arithmetic and its eager (``enforce_eager``) mode, without CUDA.
 """
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from omni_backend.engine import SamplingParams
 from omni_backend.engine.cuda_graphs import GraphBuckets, bucket_sizes
-from omni_backend.models.qwen3_tts.decode_step import DecodeStep
-from omni_backend.models.qwen3_tts.layers import BatchInvariantOps
+from omni_backend.models.qwen3_tts.decode import Qwen3Decode, signed_sin
+from omni_backend.models.qwen3_tts.exact_step import BatchInvariantExact, BatchInvariantExactStep, BatchInvariantOps
 from omni_backend.models.qwen3_tts.runner import create_engine
 
 from tests.qwen3_fixtures import QWEN3_EOS_AFTER
@@ -33,60 +39,115 @@ def _fill(cache, generator):
         t.normal_(generator=generator)
 
 
+def _decode(checkpoint) -> Qwen3Decode:
+    cp = checkpoint.talker.code_predictor
+    return Qwen3Decode(checkpoint.talker, cp.new_rotary(torch.float32, "cpu"))
+
+
 @pytest.mark.parametrize("fixture", ["qwen3_tiny_cv", "qwen3_tiny2_cv"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_decode_step_equals_module_path(fixture, batch, qwen3_loaded, request):
+@pytest.mark.parametrize("positions", [1, 2])
+def test_fused_projections_equal_separate(fixture, batch, positions, qwen3_loaded, request):
+    checkpoint = qwen3_loaded(request.getfixturevalue(fixture))
+    decode = _decode(checkpoint)
+    num = BatchInvariantExact(BatchInvariantOps())
+    g = torch.Generator().manual_seed(5)
+
+    def attend(index, q, k, v, scale):
+        return num.attention(q, k, v, positions > 1, scale)
+
+    with torch.inference_mode():
+        rotary = checkpoint.talker.new_rotary(torch.float32, "cpu")
+        cos, sin = rotary.prefill(positions)
+        stacks = [(decode.talker_layers, cos, signed_sin(sin), checkpoint.talker.config.hidden_size)]
+        cos, sin = decode.cp_tables[0]
+        stacks.append((decode.cp_layers, cos[..., :positions, :], sin[..., :positions, :],
+                       checkpoint.talker.code_predictor.config.hidden_size))
+        for layers, cos, sin, hidden in stacks:
+            for index, w in enumerate(layers):
+                assert w.wqkv is not None
+                x = torch.randn(batch, positions, hidden, generator=g)
+                fused = decode.layer(num, index, w, x, cos, sin, attend, fused=True)
+                assert torch.equal(fused, decode.layer(num, index, w, x, cos, sin, attend, fused=False)), index
+
+
+@pytest.mark.parametrize("fixture", ["qwen3_tiny_cv", "qwen3_tiny2_cv"])
+def test_exact_step_rows_equal_rows_alone(fixture, qwen3_loaded, request):
     checkpoint = qwen3_loaded(request.getfixturevalue(fixture))
     talker = checkpoint.talker
     cp = talker.code_predictor
-    ops = BatchInvariantOps()
+    step = BatchInvariantExactStep(_decode(checkpoint), BatchInvariantOps(), trace=False)
     g = torch.Generator().manual_seed(7)
     hidden = talker.config.hidden_size
+    slots, positions = [3, 0, 2], [17, 40, 5]
     with torch.inference_mode():
-        rotary, cp_rotary = talker.new_rotary(torch.float32, "cpu"), cp.new_rotary(torch.float32, "cpu")
-        step = DecodeStep(talker, ops, cp_rotary, trace=False)
+        rotary = talker.new_rotary(torch.float32, "cpu")
         caches = [talker.new_cache(4, 64, torch.float32, "cpu") for _ in range(2)]
         _fill(caches[0], g)
         for a, b in zip(caches[0].keys + caches[0].values, caches[1].keys + caches[1].values):
             b.copy_(a)
-        cp_caches = [cp.new_cache(4, torch.float32, "cpu") for _ in range(2)]
-        embeds = torch.randn(batch, 1, hidden, generator=g)
-        slots, positions = [3, 0, 2][:batch], [17, 40, 5][:batch]
-        want = talker.decode(embeds, caches[0], slots, positions, rotary, ops)
-        got = step.talker_decode(embeds, caches[1], slots, positions, rotary)
-        assert all(torch.equal(w, x) for w, x in zip(want, got))
+        embeds = torch.randn(3, 1, hidden, generator=g)
+        logits, states = step.talker_decode(embeds, caches[0], slots, positions, rotary)
+        for b in range(3):
+            alone = step.talker_decode(embeds[b:b + 1], caches[1], slots[b:b + 1], positions[b:b + 1], rotary)
+            assert torch.equal(logits[b:b + 1], alone[0]) and torch.equal(states[b:b + 1], alone[1]), b
         assert all(torch.equal(a, b) for a, b in zip(caches[0].keys + caches[0].values,
                                                     caches[1].keys + caches[1].values))
 
-        past, cb0 = torch.randn(batch, 1, hidden, generator=g), torch.randn(batch, 1, hidden, generator=g)
-        want = cp.first(past, cb0, cp_caches[0], cp_rotary, ops)
-        assert torch.equal(want, step.cp_first(past, cb0, cp_caches[1]))
-        codes = torch.argmax(want, dim=-1)
-        for s in range(1, cp.num_steps):
-            want = cp.next(s, codes, cp_caches[0], cp_rotary, ops)
-            assert torch.equal(want, step.cp_next(s, codes, cp_caches[1])), s
-            codes = torch.argmax(want, dim=-1)
+        past, cb0 = torch.randn(3, 1, hidden, generator=g), torch.randn(3, 1, hidden, generator=g)
+        batch_cache = cp.new_cache(3, torch.float32, "cpu")
+        row_caches = [cp.new_cache(1, torch.float32, "cpu") for _ in range(3)]
+        embeds = torch.cat((past, cb0), dim=1)   # step 0: the 2-token prefill
+        for s in range(cp.num_steps):
+            logits = step.decode.code_predictor_logits(step.numerics, s, embeds, batch_cache)
+            for b in range(3):
+                alone = step.decode.code_predictor_logits(step.numerics, s, embeds[b:b + 1], row_caches[b])
+                assert torch.equal(logits[b:b + 1], alone), (s, b)
+            if s + 1 < cp.num_steps:   # the next step embeds the codebook this one predicted
+                embeds = F.embedding(torch.argmax(logits, dim=-1).view(-1, 1), step.decode.cp_embeddings[s])
 
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_traced_greedy_frame_equals_eager(batch, qwen3_tiny2_cv, qwen3_loaded):
+    """Codes of the traced greedy frame (recorded at batch 1) against a step that never traces:
+    at batch 1 frame by frame; at batch 2, which runs eagerly, each row against the traced frame
+    of that row alone. A replay that differs from its own eager check warns and is dropped:
+    warnings are errors here, and the recording must still be in use at the end."""
     checkpoint = qwen3_loaded(qwen3_tiny2_cv)
-    talker = checkpoint.talker
-    cp = talker.code_predictor
+    cp = checkpoint.talker.code_predictor
+    decode = _decode(checkpoint)
+    traced = BatchInvariantExactStep(decode, BatchInvariantOps(), trace=True)
+    eager = BatchInvariantExactStep(decode, BatchInvariantOps(), trace=False)
+    hidden = checkpoint.talker.config.hidden_size
     g = torch.Generator().manual_seed(3)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        traced_cache, eager_cache = cp.new_cache(1, torch.float32, "cpu"), cp.new_cache(2, torch.float32, "cpu")
+        for frame in range(6):  # recording, 3 replays checked against eager inside the step, plain replays
+            past = torch.randn(batch, 1, hidden, generator=g)
+            cb0 = torch.randn(batch, 1, hidden, generator=g)
+            want = eager.greedy_codes(past, cb0, eager_cache)
+            got = torch.cat([traced.greedy_codes(past[b:b + 1], cb0[b:b + 1], traced_cache) for b in range(batch)])
+            assert torch.equal(got, want), frame
+    assert traced.traced_frames() == [(1, torch.get_num_threads(), id(traced_cache))]
+    assert eager.traced_frames() == []
+
+
+def test_a_traced_frame_that_differs_is_dropped(qwen3_tiny_cv, qwen3_loaded):
+    checkpoint = qwen3_loaded(qwen3_tiny_cv)
+    cp = checkpoint.talker.code_predictor
+    step = BatchInvariantExactStep(_decode(checkpoint), BatchInvariantOps(), trace=True)
+    hidden = checkpoint.talker.config.hidden_size
+    g = torch.Generator().manual_seed(4)
+    past, cb0 = torch.randn(1, 1, hidden, generator=g), torch.randn(1, 1, hidden, generator=g)
     with torch.inference_mode():
-        cp_rotary = cp.new_rotary(torch.float32, "cpu")
-        step = DecodeStep(talker, BatchInvariantOps(), cp_rotary, trace=True)
-        cache = cp.new_cache(2, torch.float32, "cpu")
-        for _ in range(6):  # first call eager + recording, then 3 checked replays, then plain replays
-            past = torch.randn(batch, 1, talker.config.hidden_size, generator=g)
-            cb0 = torch.randn(batch, 1, talker.config.hidden_size, generator=g)
-            got = step.greedy_codes(past, cb0, cache)
-            assert torch.equal(got, step._greedy_codes(past, cb0, cache))
-        if batch == 1:
-            assert step._traced[(batch, torch.get_num_threads(), id(cache))] is not None
-        else:  # batches stay eager (see DecodeStep)
-            assert not step._traced
+        cache = cp.new_cache(1, torch.float32, "cpu")
+        want = step.greedy_codes(past, cb0, cache)  # eager, and recorded
+        [key] = step.traced_frames()
+        step._traced[key] = lambda h, e: torch.zeros_like(want)
+        with pytest.warns(UserWarning, match="differs from eager"):
+            assert torch.equal(step.greedy_codes(past, cb0, cache), want)
+    assert step.traced_frames() == [] and not torch.equal(want, torch.zeros_like(want))
 
 
 def _requests(checkpoint, params, n=4):
@@ -135,15 +196,13 @@ def test_joint_prefill_on_cpu(fixture, qwen3_loaded, request, monkeypatch):
     """Requests admitted in one step are prefilled as one right-padded forward on the static path
     and in the CPU throughput mode (prompts of different lengths); on the tiny models greedy codes
     still agree with the exact one-by-one path, which never prefills jointly."""
-    from omni_backend.models.qwen3_tts.talker import Talker
-
     checkpoint = qwen3_loaded(request.getfixturevalue(fixture))
     greedy = lambda i: SamplingParams.greedy(max_new_tokens=10)  # noqa: E731
     requests = _requests(checkpoint, greedy)
     assert len({p.prefill_length for _, p, _ in requests}) > 1
     calls = []
-    joint = Talker.prefill_batch
-    monkeypatch.setattr(Talker, "prefill_batch", lambda self, prompts, *a: calls.append(len(prompts))
+    joint = BatchInvariantExactStep.prefill_rows
+    monkeypatch.setattr(BatchInvariantExactStep, "prefill_rows", lambda self, prompts, *a: calls.append(len(prompts))
                         or joint(self, prompts, *a))
     want = create_engine(checkpoint, max_num_seqs=4, max_model_len=128, max_prefills_per_step=4).generate(requests)
     assert calls == []

@@ -43,7 +43,7 @@ def resolve_checkpoint(model: str) -> str:
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / ".complete").exists():
-            from omni_backend.models.qwen3_tts.random_checkpoint import write_random_checkpoint
+            from omni_backend.testing.qwen3_tts_random import write_random_checkpoint
 
             tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
             write_random_checkpoint(str(tmp), size, model_type, seed)

@@ -6,8 +6,9 @@ Per frame it runs a 2-token prefill ``[talker hidden, embedding(cb0)]`` into a f
 predicts codebook ``i+1`` with ``lm_head[i]``. Inputs are talker-sized and go through
 ``small_to_mtp_projection`` when the two hidden sizes differ (1.7B).
 
-Here a whole batch of frames (one per running request) advances together: every row is at the
-same position, so each row's cache lives in row ``b`` of a small static cache.
+A whole batch of frames (one per running request) advances together: every row is at the same
+position, so each row's cache lives in row ``b`` of a small static cache. The modules hold the
+checkpoint's tensors; the arithmetic is :meth:`.decode.Qwen3Decode.complete_frame`.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from torch import nn
 from omni_backend.engine.kv_cache import StaticKVCache
 
 from .config import CodePredictorConfig, TalkerConfig
-from .layers import BatchInvariantOps, CodePredictorRotary, DecoderLayer, RMSNorm
+from .layers import CodePredictorRotary, DecoderLayer, RMSNorm
 
 __all__ = ["CodePredictor", "CodePredictorModel"]
 
@@ -63,36 +64,6 @@ class CodePredictor(nn.Module):
 
     def new_rotary(self, dtype: torch.dtype, device: torch.device) -> CodePredictorRotary:
         return CodePredictorRotary(self.config.rope_theta, self.config.head_dim, self.num_steps, dtype, device)
-
-    def _project(self, embeds: torch.Tensor, ops: BatchInvariantOps) -> torch.Tensor:
-        if self.small_to_mtp_projection is None:
-            return embeds
-        return ops.linear(embeds, self.small_to_mtp_projection.weight, self.small_to_mtp_projection.bias)
-
-    def _run(self, embeds: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, cache: StaticKVCache,
-             ops: BatchInvariantOps) -> torch.Tensor:
-        hidden = self._project(embeds, ops)
-        for index, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, lambda h, i=index, l=layer: l.self_attn.block(h, cos, sin, ops, cache, i, start),
-                           ops)
-        return self.model.norm(hidden)
-
-    def first(self, talker_hidden: torch.Tensor, cb0_embed: torch.Tensor, cache: StaticKVCache,
-              rotary: CodePredictorRotary, ops: BatchInvariantOps) -> torch.Tensor:
-        """The 2-token prefill of a batch of frames: ``talker_hidden`` and ``cb0_embed`` are
-        ``[B, 1, talker_hidden]``. Returns the float32 logits ``[B, vocab]`` of codebook 1."""
-        cos, sin = rotary.prefill_table
-        hidden = self._run(torch.cat((talker_hidden, cb0_embed), dim=1), 0, cos, sin, cache, ops)
-        return ops.linear(hidden, self.lm_head[0].weight)[:, -1, :].to(torch.float32)
-
-    def next(self, step: int, codes: torch.Tensor, cache: StaticKVCache, rotary: CodePredictorRotary,
-             ops: BatchInvariantOps) -> torch.Tensor:
-        """Step ``step`` (1..14): embed codebook ``step`` (``codes`` ``[B]``) and return the float32
-        logits ``[B, vocab]`` of codebook ``step + 1``."""
-        embeds = self.model.codec_embedding[step - 1](codes.view(-1, 1))
-        cos, sin = rotary.at(step + 1)
-        hidden = self._run(embeds, step + 1, cos, sin, cache, ops)
-        return ops.linear(hidden, self.lm_head[step].weight)[:, -1, :].to(torch.float32)
 
     def embed_codes(self, codes: torch.Tensor) -> list[torch.Tensor]:
         """Embeddings ``[B, 1, talker_hidden]`` of codebooks 1..15 (``codes`` ``[B, 15]``)."""

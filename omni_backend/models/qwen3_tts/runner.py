@@ -14,17 +14,24 @@ Stopping follows the reference ``generate()``: eos ends a request (eos is not a 
 yields at most ``max_new_tokens - 1`` frames. A request also ends (``length``) when its slot's
 cache is full.
 
-The caches are static (allocated once for ``max_num_seqs`` slots). Two step implementations:
+The caches are static (allocated once for ``max_num_seqs`` slots). The arithmetic is
+:class:`~.decode.Qwen3Decode`, written once; the runner picks one of two numerics strategies for
+the decode step:
 
-* the default on CPU (reference-exact): :class:`~.decode_step.DecodeStep`, the module path's
-  exact tensor ops without its Python overhead, the greedy code-predictor loop replayed from a
-  ``torch.jit.trace`` recording; bit-exact batching comes from :class:`BatchInvariantOps`;
-* the default on CUDA: :class:`~.static_step.StaticFrameStep`, the whole frame (code predictor
+* :class:`~.exact_step.BatchInvariantExactStep` (the CPU default): every row in the reference's
+  shapes, greedy codes bit for bit the reference's and independent of the batch
+  (:class:`~.exact_step.BatchInvariantOps`); the greedy code-predictor loop replayed from a
+  ``torch.jit.trace`` recording at batch 1;
+* :class:`~.static_step.GraphSafeStaticStep` (the CUDA default): the whole frame (code predictor
   with in-step token selection, talker decode, codebook-0 processors) over static buffers in
   which row ``b`` is slot ``b``, captured as CUDA graphs per batch-size bucket
   (``cuda_graph_sizes``) and attention-length bucket at engine creation (``enforce_eager`` runs
-  it without graphs). Its codes equal its own eager run (``graph_check.greedy_graph_parity``),
-  not the CPU reference bits.
+  it without graphs). Its codes equal its own eager run
+  (``omni_backend.testing.qwen3_tts_graph_check.greedy_graph_parity``), not the CPU reference
+  bits.
+
+Prompts are prefilled in the reference's shapes on both paths (one at a time), or as one padded
+forward where exactness is not asked for (the static path, ``batch_invariant=False``).
 """
 from __future__ import annotations
 
@@ -40,10 +47,10 @@ from omni_backend.engine.sampling import TokenRules, select, select_rows
 
 from .checkpoint import Qwen3TTSCheckpoint, load_checkpoint
 from .config import GenerationDefaults
-from .decode_step import DecodeStep
-from .layers import BatchInvariantOps
+from .decode import Qwen3Decode
+from .exact_step import BatchInvariantExactStep, BatchInvariantOps
 from .prompt import PromptError, Qwen3Prompt, embed_prompt
-from .static_step import SHORTEST_LENGTH_BUCKET, StaticFrameStep, length_buckets
+from .static_step import SHORTEST_LENGTH_BUCKET, GraphSafeStaticStep, length_buckets
 
 __all__ = ["Qwen3TTSRunner", "create_engine", "sampling_params_from_defaults"]
 
@@ -81,9 +88,9 @@ class Qwen3TTSRunner(ModelRunner):
     request (the talker cache holds ``max_num_seqs x max_model_len`` positions per layer).
     ``batch_invariant=False`` trades the bit-exactness of batched rows for speed.
 
-    ``static_step`` (default: on CUDA) runs each decode step as :class:`StaticFrameStep` over
+    ``static_step`` (default: on CUDA) runs each decode step as :class:`GraphSafeStaticStep` over
     static buffers, captured as CUDA graphs per batch-size bucket (``cuda_graph_sizes``) unless
-    ``enforce_eager``; the CPU default is the reference-exact eager path."""
+    ``enforce_eager``; the CPU default is :class:`BatchInvariantExactStep`."""
 
     def __init__(self, checkpoint: Qwen3TTSCheckpoint, max_num_seqs: int = 8, max_model_len: int = 2048,
                  batch_invariant: bool = True, static_step: Optional[bool] = None,
@@ -104,8 +111,9 @@ class Qwen3TTSRunner(ModelRunner):
         t = self.config.talker
         self.eos_id = t.codec_eos_token_id
         self.rules = TokenRules(t.vocab_size, t.codec_eos_token_id, t.suppressed_codec_ids, device)
-        self.decode_step = DecodeStep(self.talker, self.ops, self.cp_rotary)  # the module path, minus overhead
-        self.static: Optional[StaticFrameStep] = None
+        self.frame_decode = Qwen3Decode(self.talker, self.cp_rotary)
+        self.exact = BatchInvariantExactStep(self.frame_decode, self.ops)   # prefill, and the CPU decode
+        self.static: Optional[GraphSafeStaticStep] = None
         self.graphs = None
         if static_step if static_step is not None else device.type == "cuda":
             self._init_static(cuda_graph_sizes, enabled=device.type == "cuda" and not enforce_eager,
@@ -121,7 +129,7 @@ class Qwen3TTSRunner(ModelRunner):
 
     def prefill(self, seq: Sequence) -> Optional[StepOutput]:
         embeds = embed_prompt(self.talker, self.config, seq.prompt)
-        logits, hidden = self.talker.prefill(embeds.prefill, self.cache, seq.slot, self.rotary, self.ops)
+        logits, hidden = self.exact.prefill(embeds.prefill, self.cache, seq.slot, self.rotary)
         return self._start(seq, embeds, logits, hidden)
 
     def prefill_many(self, seqs: list[Sequence]) -> list[Optional[StepOutput]]:
@@ -131,8 +139,8 @@ class Qwen3TTSRunner(ModelRunner):
         if (self.static is None and self.ops.enabled) or len(seqs) == 1:
             return [self.prefill(seq) for seq in seqs]
         embeds = [embed_prompt(self.talker, self.config, seq.prompt) for seq in seqs]
-        logits, hidden = self.talker.prefill_batch([e.prefill for e in embeds], self.cache,
-                                                   [seq.slot for seq in seqs], self.rotary)
+        logits, hidden = self.exact.prefill_rows([e.prefill for e in embeds], self.cache,
+                                                 [seq.slot for seq in seqs], self.rotary)
         return [self._start(seq, e, logits[i:i + 1], hidden[i:i + 1]) for i, (seq, e) in enumerate(zip(seqs, embeds))]
 
     def _start(self, seq: Sequence, embeds, logits: torch.Tensor, hidden: torch.Tensor) -> Optional[StepOutput]:
@@ -149,90 +157,91 @@ class Qwen3TTSRunner(ModelRunner):
 
     def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
         if self.static is not None:
-            return self._decode_static(seqs)
+            frames, tokens = self._decode_static(seqs)
+        else:
+            frames, tokens = self._decode_exact(seqs)
+        return [self._after_frame(seq, frame, token) for seq, frame, token in zip(seqs, frames, tokens)]
+
+    # -- stop rules, the same for both steps
+    def _ends_by_length(self, seq: Sequence) -> bool:
+        """Whether the pending frame is the request's last: ``max_new_tokens`` counts codebook-0
+        tokens and the last never becomes a frame; or the slot's cache is full."""
+        st: _RequestState = seq.state
+        return st.frame + 2 >= seq.params.max_new_tokens or st.prefill_length + st.frame >= self.max_model_len
+
+    def _after_frame(self, seq: Sequence, frame: list[int], token: Optional[int]) -> StepOutput:
+        """The output of a frame, and the request's state for the next one (``token``: codebook 0
+        of the next frame; eos ends the request and is not a frame)."""
+        if self._ends_by_length(seq):
+            return StepOutput(seq, frame, True, "length")
+        if token == self.eos_id:
+            return StepOutput(seq, frame, True, "stop")
+        st: _RequestState = seq.state
+        st.generated.append(token)
+        st.pending = token
+        return StepOutput(seq, frame, False, None)
+
+    # -- exact step: the frame's codebooks 1..15, then the talker for requests that go on
+    def _decode_exact(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[Optional[int]]]:
         states: list[_RequestState] = [s.state for s in seqs]
         device = self.talker.codec_head.weight.device
         cb0 = torch.tensor([st.pending for st in states], dtype=torch.long, device=device)
         cb0_embed = self.talker.embed_codec(cb0.view(-1, 1))
         codes = self._complete_frames(seqs, states, cb0_embed)
         frames = torch.cat((cb0.view(-1, 1), codes), dim=1).tolist()
-
-        # which requests sample codebook 0 of another frame
-        going_on, outputs = [], []
-        for b, (seq, st) in enumerate(zip(seqs, states)):
-            t = st.frame
-            if t + 2 >= seq.params.max_new_tokens:
-                outputs.append(StepOutput(seq, frames[b], True, "length"))
-            elif st.prefill_length + t >= self.max_model_len:
-                outputs.append(StepOutput(seq, frames[b], True, "length"))
-            else:
-                going_on.append(b)
-                outputs.append(None)
+        tokens: list[Optional[int]] = [None] * len(seqs)
+        going_on = [b for b, seq in enumerate(seqs) if not self._ends_by_length(seq)]
         if going_on:
-            self._talker_step(seqs, states, going_on, cb0_embed, codes, frames, outputs)
-        return outputs
+            self._talker_step(seqs, states, going_on, cb0_embed, codes, tokens)
+        return frames, tokens
 
-    # -- the two halves of a step
     def _complete_frames(self, seqs: list[Sequence], states: list[_RequestState],
                          cb0_embed: torch.Tensor) -> torch.Tensor:
         """Codebooks 1..15 of every pending frame: ``[B, 15]``."""
-        cp = self.code_predictor
         params = [s.params for s in seqs]
         sample = [p.subtalker_do_sample for p in params]
+        past_hidden = torch.cat([st.past_hidden for st in states], dim=0)
+        if not any(sample):  # all greedy: one argmax per step (traced on CPU)
+            return self.exact.greedy_codes(past_hidden, cb0_embed, self.cp_cache)
         temperature = [p.subtalker_temperature for p in params]
         top_k = [p.subtalker_top_k for p in params]
         top_p = [p.subtalker_top_p for p in params]
         generators = [s.generator for s in seqs]
-        past_hidden = torch.cat([st.past_hidden for st in states], dim=0)
-        if not any(sample):  # all greedy: one argmax per step (traced on CPU)
-            return self.decode_step.greedy_codes(past_hidden, cb0_embed, self.cp_cache)
-        logits = self.decode_step.cp_first(past_hidden, cb0_embed, self.cp_cache)
-        codes = [select_rows(logits, sample, temperature, top_k, top_p, generators)]
-        for step in range(1, cp.num_steps):
-            logits = self.decode_step.cp_next(step, codes[-1], self.cp_cache)
-            codes.append(select_rows(logits, sample, temperature, top_k, top_p, generators))
-        return torch.stack(codes, dim=1)
+        return self.exact.sampled_codes(
+            past_hidden, cb0_embed, self.cp_cache,
+            lambda step, logits: select_rows(logits, sample, temperature, top_k, top_p, generators))
 
     def _talker_step(self, seqs: list[Sequence], states: list[_RequestState], rows: list[int],
-                     cb0_embed: torch.Tensor, codes: torch.Tensor, frames: list[list[int]],
-                     outputs: list[Optional[StepOutput]]) -> None:
+                     cb0_embed: torch.Tensor, codes: torch.Tensor, tokens: list[Optional[int]]) -> None:
+        """Codebook 0 of the next frame of ``rows`` into ``tokens``."""
         if len(rows) == len(seqs):   # everyone goes on (the usual case): no row selection
             sub_codes, sub_cb0 = codes, cb0_embed
         else:
             index = torch.tensor(rows, dtype=torch.long, device=codes.device)
             sub_codes, sub_cb0 = codes.index_select(0, index), cb0_embed.index_select(0, index)
-        parts = [sub_cb0] + self.decode_step.embed_codes(sub_codes)
-        summed = self.ops.elementwise("codebook_sum", lambda x: x.sum(1, keepdim=True), torch.cat(parts, dim=1))
         text = []
         for b in rows:
             st = states[b]
             text.append(st.trailing_text[st.frame:st.frame + 1] if st.frame < st.trailing_text.shape[0]
                         else st.tts_pad)
-        embeds = summed + torch.stack(text, dim=0)
+        embeds = self.exact.next_talker_input(sub_cb0, sub_codes, torch.stack(text, dim=0))
         slots = [seqs[b].slot for b in rows]
         positions = [states[b].prefill_length + states[b].frame for b in rows]
-        logits, hidden = self.decode_step.talker_decode(embeds, self.cache, slots, positions, self.rotary)
+        logits, hidden = self.exact.talker_decode(embeds, self.cache, slots, positions, self.rotary)
         for i, b in enumerate(rows):
             seq, st = seqs[b], states[b]
-            token = self._select_cb0(logits[i:i + 1], st.generated, seq.params, seq.generator)
-            if token == self.eos_id:
-                outputs[b] = StepOutput(seq, frames[b], True, "stop")
-                continue
-            st.generated.append(token)
-            st.pending = token
+            tokens[b] = self._select_cb0(logits[i:i + 1], st.generated, seq.params, seq.generator)
             st.past_hidden = hidden[i:i + 1]
-            outputs[b] = StepOutput(seq, frames[b], False, None)
 
     # -- static step (CUDA graphs)
     def _init_static(self, sizes: Seq[int], enabled: bool, shortest_attention: int) -> None:
         from omni_backend.engine.cuda_graphs import GraphBuckets
 
-        t = self.config.talker
         # a masked-out key still multiplies its value by 0: unwritten (uninitialised) positions must be finite
         for buffer in self.cache.keys + self.cache.values:
             buffer.zero_()
-        self.static = StaticFrameStep(self.talker, self.cache, self.cp_cache, self.rotary, self.cp_rotary,
-                                      self.max_num_seqs, self.max_model_len, self.eos_id, t.suppressed_codec_ids)
+        self.static = GraphSafeStaticStep(self.frame_decode, self.cache, self.cp_cache, self.rotary, self.max_num_seqs,
+                                          self.max_model_len, self.rules)
         self._row_owner: list[Optional[Sequence]] = [None] * self.max_num_seqs
         # variants: (sample, attention length): sample False = every row greedy (no sort / softmax
         # in the graph); the length bucket holds the batch's furthest position
@@ -243,7 +252,7 @@ class Qwen3TTSRunner(ModelRunner):
         with torch.inference_mode():
             try:
                 self.graphs.capture(prepare=self._idle_rows)
-            except Exception:  # serve eagerly rather than not at all; graph_check reports 0 graphs
+            except Exception:  # serve eagerly rather than not at all; the graph check reports 0 graphs
                 logger.exception("CUDA graph capture failed; the static step runs eagerly")
                 self.graphs.graphs.clear()
                 self.graphs.enabled = False
@@ -254,7 +263,7 @@ class Qwen3TTSRunner(ModelRunner):
         self.static.generated[:size].zero_()
         self._row_owner[:size] = [None] * size
 
-    def _decode_static(self, seqs: list[Sequence]) -> list[StepOutput]:
+    def _decode_static(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[Optional[int]]]:
         static = self.static
         rows = max(s.slot for s in seqs) + 1
         size = self.graphs.bucket(rows)
@@ -282,21 +291,8 @@ class Qwen3TTSRunner(ModelRunner):
         length = self.lengths[bisect.bisect_right(self.lengths, max(position))]  # > every position
         self.graphs.run(rows, sample, length)
         result = static.codes[:size].tolist()
-        outputs = []
-        for seq in seqs:
-            st = seq.state
-            row = result[seq.slot]
-            frame, token = row[:-1], row[-1]
-            t = st.frame
-            if t + 2 >= seq.params.max_new_tokens or st.prefill_length + t >= self.max_model_len:
-                outputs.append(StepOutput(seq, frame, True, "length"))
-            elif token == self.eos_id:
-                outputs.append(StepOutput(seq, frame, True, "stop"))
-            else:
-                st.generated.append(token)
-                st.pending = token
-                outputs.append(StepOutput(seq, frame, False, None))
-        return outputs
+        rows = [result[seq.slot] for seq in seqs]
+        return [row[:-1] for row in rows], [row[-1] for row in rows]
 
     def _select_cb0(self, logits: torch.Tensor, generated: list[int], params: SamplingParams,
                     generator: torch.Generator) -> int:

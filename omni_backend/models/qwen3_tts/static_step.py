@@ -1,11 +1,13 @@
-"""The whole per-frame decode step over static buffers: what a CUDA graph captures.
+"""The graph-safe static strategy: the whole per-frame decode step over static buffers, what a
+CUDA graph captures.
 
-:class:`StaticFrameStep` runs one engine step for the batch rows ``0..B-1``, where **row ``b`` is
-cache slot ``b``** (the scheduler hands out the lowest free slots, so the running requests sit in
-the first rows; idle slots inside the bucket are padding rows whose results are ignored and
-whose cache writes land in their own unused slot). Nothing in :meth:`StaticFrameStep.run` reads a
-Python value that changes between steps, allocates outside the caching allocator, or syncs with
-the host, so it can be captured once per batch-size bucket and replayed:
+:class:`GraphSafeStaticStep` runs one engine step for the batch rows ``0..B-1``, where **row
+``b`` is cache slot ``b``** (the scheduler hands out the lowest free slots, so the running
+requests sit in the first rows; idle slots inside the bucket are padding rows whose results are
+ignored and whose cache writes land in their own unused slot). Nothing in
+:meth:`GraphSafeStaticStep.run` reads a Python value that changes between steps, allocates
+outside the caching allocator, or syncs with the host, so it can be captured once per
+batch-size bucket and replayed:
 
 1. codebook-0 embedding of each row's pending token (``pending`` buffer);
 2. the code predictor's 2-token prefill and 14 steps, each followed by token selection inside
@@ -19,13 +21,15 @@ the host, so it can be captured once per batch-size bucket and replayed:
    :func:`length_buckets` holding every row's position, one graph per bucket, so a step reads the
    cache up to the batch's furthest position rounded up, not the whole ``max_model_len``;
    grouped-query heads are folded into the query length, so the cache is never copied);
-4. the reference's codebook-0 processors (repetition penalty over a per-slot ``seen`` mask,
-   min-new-tokens, suppressed ids) and selection; ``pending`` / ``hidden`` / ``seen`` are
+4. the codebook-0 processors, the engine's :class:`~omni_backend.engine.sampling.TokenRules`
+   applied to the whole batch at once (repetition penalty over a per-slot ``seen`` mask,
+   min-new-tokens, suppressed ids), and selection; ``pending`` / ``hidden`` / ``seen`` are
    updated in place for the next step.
 
-The arithmetic is plain batched torch (no :class:`BatchInvariantOps`): it is the GPU path, where
+The layers are :class:`~.decode.Qwen3Decode`'s with the :class:`GraphSafeStatic` numerics:
+plain batched torch (no :class:`~.exact_step.BatchInvariantOps`). It is the GPU path, where
 greedy codes with graphs must equal greedy codes of this same function run eagerly
-(``enforce_eager``), not the CPU reference bits. The CPU engine never uses this class unless asked
+(``enforce_eager``), not the CPU reference bits. The CPU engine never uses it unless asked
 (``Qwen3TTSRunner(static_step=True)``, which tests use to exercise it without a GPU).
 """
 from __future__ import annotations
@@ -37,10 +41,13 @@ import torch
 import torch.nn.functional as F
 
 from omni_backend.engine.counter_rng import uniform
+from omni_backend.engine.kv_cache import StaticKVCache
+from omni_backend.engine.sampling import TokenRules
 
-from .decode_step import LayerWeights, _rms_cast, _rms_fp32, signed_sin, split_qkv
+from .decode import DecodeNumerics, LayerWeights, Qwen3Decode, signed_sin
+from .layers import TalkerRotary
 
-__all__ = ["StaticFrameStep", "length_buckets"]
+__all__ = ["GraphSafeStatic", "GraphSafeStaticStep", "length_buckets", "SHORTEST_LENGTH_BUCKET"]
 
 SHORTEST_LENGTH_BUCKET = 256
 
@@ -54,52 +61,55 @@ def length_buckets(max_model_len: int, shortest: int = SHORTEST_LENGTH_BUCKET) -
     return out + [max_model_len]
 
 
-class StaticFrameStep:
-    def __init__(self, talker, cache, cp_cache, rotary, cp_rotary, rows: int, max_model_len: int,
-                 eos_id: int, suppressed: tuple[int, ...]) -> None:
-        self.talker = talker
-        self.cp = talker.code_predictor
+class GraphSafeStatic(DecodeNumerics):
+    """Plain batched ops with static shapes: no per-row work, nothing read on the host."""
+
+    linear = staticmethod(F.linear)
+
+    def activate(self, w: LayerWeights, gate: torch.Tensor) -> torch.Tensor:
+        return w.act(gate)
+
+    def fuse_gate_up(self, positions: int) -> bool:
+        return True
+
+    def merge_heads(self, attn: torch.Tensor, rows: int, positions: int) -> torch.Tensor:
+        return attn.transpose(1, 2).reshape(rows, positions, -1)
+
+    def block_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                        values: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+        groups = q.shape[1] // keys.shape[1]
+        if groups > 1:   # kv head j serves query heads j*groups .. j*groups+groups-1 (expand: no host sync)
+            shape = (keys.shape[0], keys.shape[1] * groups, keys.shape[2], keys.shape[3])
+            keys = keys[:, :, None].expand(-1, -1, groups, -1, -1).reshape(shape)
+            values = values[:, :, None].expand(-1, -1, groups, -1, -1).reshape(shape)
+        return F.scaled_dot_product_attention(q, keys, values, dropout_p=0.0, is_causal=start == 0, scale=scale)
+
+    def sum_codebooks(self, embeds: torch.Tensor) -> torch.Tensor:
+        return embeds.sum(1, keepdim=True)
+
+
+class GraphSafeStaticStep:
+    """One engine step of rows ``0..B-1`` over static buffers (see the module docstring)."""
+
+    def __init__(self, decode: Qwen3Decode, cache: StaticKVCache, cp_cache: StaticKVCache, rotary: TalkerRotary,
+                 rows: int, max_model_len: int, rules: TokenRules) -> None:
+        self.decode = decode
+        self.numerics = GraphSafeStatic()
         self.cache, self.cp_cache = cache, cp_cache
         self.rows = rows
         self.max_len = max_model_len
-        weight = talker.codec_head.weight
-        device, dtype = weight.device, weight.dtype
+        device, dtype = decode.device, decode.dtype
         self.device, self.dtype = device, dtype
-        self.rms = _rms_fp32 if dtype == torch.float32 else _rms_cast
-        self.talker_layers = [LayerWeights(layer) for layer in talker.model.layers]
-        self.cp_layers = [LayerWeights(layer) for layer in self.cp.model.layers]
-        self.talker_norm = (talker.model.norm.weight, talker.model.norm.variance_epsilon)
-        self.cp_norm = (self.cp.model.norm.weight, self.cp.model.norm.variance_epsilon)
-        self.codec_embedding = talker.model.codec_embedding.weight
-        self.codec_head = weight
-        self.lm_heads = [h.weight for h in self.cp.lm_head]
-        self.cp_embeddings = [e.weight for e in self.cp.model.codec_embedding]
-        proj = self.cp.small_to_mtp_projection
-        self.projection = None if proj is None else (proj.weight, proj.bias)
-        self.num_steps = self.cp.num_steps
-        tc, cc = talker.config, self.cp.config
-        self.hidden_size = tc.hidden_size
-        self.vocab, self.cp_vocab = tc.vocab_size, cc.vocab_size
-        self.talker_groups = tc.num_attention_heads // tc.num_key_value_heads
-        self.cp_groups = cc.num_attention_heads // cc.num_key_value_heads
+        self.num_steps = decode.num_steps
+        self.hidden_size = decode.codec_head.shape[1]
+        self.vocab, self.cp_vocab = decode.codec_head.shape[0], decode.lm_heads[0].shape[0]
 
-        # rotary tables: talker positions 0..max_len-1 in one tensor; code predictor per start
-        cos, sin = rotary._compute(torch.arange(max_model_len, device=device))
-        self.cos = cos[0, 0].contiguous()                   # [L, D]
-        self.sin = signed_sin(sin[0, 0]).contiguous()
-        cos, sin = cp_rotary.prefill_table
-        self.cp_tables = {0: (cos, signed_sin(sin))}
-        for position, (cos, sin) in cp_rotary.tables.items():
-            self.cp_tables[position] = (cos, signed_sin(sin))
-
-        # per-token masks of the codebook-0 processors
-        vocab = torch.arange(self.vocab, device=device)
-        self.eos_id = eos_id
-        self.eos_mask = (vocab == eos_id).view(1, -1)
-        self.suppress_mask = torch.zeros(1, self.vocab, dtype=torch.bool, device=device)
-        if suppressed:
-            self.suppress_mask[0, list(suppressed)] = True
+        # the talker's rotary table for positions 0..max_len-1, computed in one tensor
+        cos, sin = rotary.table(max_model_len)
+        self.cos = cos.contiguous()                   # [L, D]
+        self.sin = signed_sin(sin).contiguous()
         self.key_index = torch.arange(max_model_len, device=device).view(1, 1, 1, -1)
+        self.rules = rules
 
         # ---- static buffers (row b = slot b)
         long = dict(dtype=torch.long, device=device)
@@ -153,16 +163,20 @@ class StaticFrameStep:
         ``seen`` / the caches. ``sample=False`` leaves the sampling math out (every row greedy).
         The talker attends over cache positions ``0..length-1`` (default: all); every row's
         ``position`` must be below ``length``."""
+        decode, num = self.decode, self.numerics
         pending = self.pending[:batch]
-        cb0_embed = F.embedding(pending.view(-1, 1), self.codec_embedding)          # [B, 1, H]
+        cb0_embed = F.embedding(pending.view(-1, 1), decode.codec_embedding)          # [B, 1, H]
         cp_noise = talker_noise = None
         if sample:   # exponential noise E = -log U, a function of (seed, frame counter) per row
             seed, counter = self.seed[:batch], self.generated[:batch]
             cp_noise = -torch.log(uniform(seed, counter, self.cp_noise_index)).view(batch, self.num_steps, -1)
             talker_noise = -torch.log(uniform(seed, counter, self.talker_noise_index))
-        codes = self._code_predictor(batch, self.hidden[:batch], cb0_embed, cp_noise)  # [B, 15]
-        parts = [cb0_embed] + [F.embedding(codes[:, i:i + 1], w) for i, w in enumerate(self.cp_embeddings)]
-        embeds = torch.cat(parts, dim=1).sum(1, keepdim=True) + self.text[:batch]
+
+        def choose(step: int, logits: torch.Tensor) -> torch.Tensor:
+            return self._select(logits, 1, batch, None if cp_noise is None else cp_noise[:, step])
+
+        codes = decode.complete_frame(num, self.hidden[:batch], cb0_embed, self.cp_cache, choose)  # [B, 15]
+        embeds = decode.next_talker_input(num, cb0_embed, codes, self.text[:batch])
         logits, hidden = self._talker(batch, embeds, self.max_len if length is None else length)
         scores = self._processors(batch, logits)
         token = self._select(scores, 0, batch, talker_noise)
@@ -174,61 +188,6 @@ class StaticFrameStep:
         self.hidden[:batch].copy_(hidden)
         self.seen[:batch].scatter_(1, token.view(-1, 1), True)
 
-    # -- pieces
-    def _qkv(self, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        if w.wqkv is not None:   # one GEMM for q | k | v, one norm and one rotation for q | k
-            return split_qkv(w, F.linear(x, w.wqkv, w.bqkv), self.rms, cos, sin)
-        shape = (x.shape[0], x.shape[1], -1, w.head_dim)
-        q = self.rms(F.linear(x, w.wq, w.bq).view(shape), w.q_norm, w.qk_eps).transpose(1, 2)
-        k = self.rms(F.linear(x, w.wk, w.bk).view(shape), w.k_norm, w.qk_eps).transpose(1, 2)
-        v = F.linear(x, w.wv, w.bv).view(shape).transpose(1, 2)
-        q = (q * cos) + (q.roll(w.half, -1) * sin)
-        k = (k * cos) + (k.roll(w.half, -1) * sin)
-        return q, k, v
-
-    def _finish_layer(self, w: LayerWeights, attn: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        attn = attn.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
-        h = x + F.linear(attn, w.wo, w.bo)
-        m = self.rms(h, w.ln_post, w.eps)
-        if w.wgu is not None:   # one GEMM for gate | up
-            gate_up = F.linear(m, w.wgu)
-            return h + F.linear(w.act(gate_up[..., :w.inter]) * gate_up[..., w.inter:], w.down)
-        return h + F.linear(w.act(F.linear(m, w.gate)) * F.linear(m, w.up), w.down)
-
-    def _cp_run(self, embeds: torch.Tensor, start: int) -> torch.Tensor:
-        if self.projection is not None:
-            embeds = F.linear(embeds, *self.projection)
-        cos, sin = self.cp_tables[start]
-        rows, n = embeds.shape[0], embeds.shape[1]
-        groups = self.cp_groups
-        hidden = embeds
-        for index, w in enumerate(self.cp_layers):
-            q, k, v = self._qkv(w, self.rms(hidden, w.ln_in, w.eps), cos, sin)
-            keys, values = self.cp_cache.keys[index], self.cp_cache.values[index]
-            keys[:rows, :, start:start + n].copy_(k)
-            values[:rows, :, start:start + n].copy_(v)
-            k_all, v_all = keys[:rows, :, :start + n], values[:rows, :, :start + n]
-            if groups > 1:   # kv head j serves query heads j*groups .. j*groups+groups-1 (expand: no host sync)
-                shape = (rows, k_all.shape[1] * groups, k_all.shape[2], k_all.shape[3])
-                k_all = k_all[:, :, None].expand(-1, -1, groups, -1, -1).reshape(shape)
-                v_all = v_all[:, :, None].expand(-1, -1, groups, -1, -1).reshape(shape)
-            attn = F.scaled_dot_product_attention(q, k_all, v_all, dropout_p=0.0, is_causal=start == 0,
-                                                  scale=w.scaling)
-            hidden = self._finish_layer(w, attn, hidden)
-        return self.rms(hidden, *self.cp_norm)
-
-    def _code_predictor(self, batch: int, talker_hidden: torch.Tensor, cb0_embed: torch.Tensor,
-                        noise: Optional[torch.Tensor]) -> torch.Tensor:
-        hidden = self._cp_run(torch.cat((talker_hidden, cb0_embed), dim=1), 0)
-        logits = F.linear(hidden, self.lm_heads[0])[:, -1, :].float()
-        codes = [self._select(logits, 1, batch, None if noise is None else noise[:, 0])]
-        for step in range(1, self.num_steps):
-            embeds = F.embedding(codes[-1].view(-1, 1), self.cp_embeddings[step - 1])
-            hidden = self._cp_run(embeds, step + 1)
-            logits = F.linear(hidden, self.lm_heads[step])[:, -1, :].float()
-            codes.append(self._select(logits, 1, batch, None if noise is None else noise[:, step]))
-        return torch.stack(codes, dim=1)
-
     def _talker(self, batch: int, embeds: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         position = self.position[:batch]
         cos = self.cos[position].view(batch, 1, 1, -1)
@@ -236,32 +195,33 @@ class StaticFrameStep:
         rows = torch.arange(batch, device=self.device)
         # key j of row b is valid when j <= position[b]
         mask = (self.key_index[..., :length] <= position.view(-1, 1, 1, 1))   # [B, 1, 1, length]
-        groups = self.talker_groups
-        hidden = embeds
-        for index, w in enumerate(self.talker_layers):
-            q, k, v = self._qkv(w, self.rms(hidden, w.ln_in, w.eps), cos, sin)   # q [B, Hq, 1, D]
-            keys, values = self.cache.keys[index], self.cache.values[index]
+        cache = self.cache
+
+        def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+            keys, values = cache.keys[index], cache.values[index]      # q [B, Hq, 1, D]
             keys[rows, :, position] = k[:, :, 0]
             values[rows, :, position] = v[:, :, 0]
-            kv_heads = keys.shape[1]
+            kv_heads, head_dim = keys.shape[1], keys.shape[3]
             # grouped query heads as query positions of their kv head: no copy of the cache
-            qg = q.reshape(batch, kv_heads, groups, w.head_dim)
+            qg = q.reshape(batch, kv_heads, q.shape[1] // kv_heads, head_dim)
             attn = F.scaled_dot_product_attention(qg, keys[:batch, :, :length], values[:batch, :, :length],
-                                                  attn_mask=mask, dropout_p=0.0, is_causal=False, scale=w.scaling)
-            attn = attn.reshape(batch, kv_heads * groups, 1, w.head_dim)
-            hidden = self._finish_layer(w, attn, hidden)
-        hidden = self.rms(hidden, *self.talker_norm)
-        logits = F.linear(hidden, self.codec_head)[:, -1, :].float()
-        return logits, hidden
+                                                  attn_mask=mask, dropout_p=0.0, is_causal=False, scale=scale)
+            return attn.reshape(batch, q.shape[1], 1, head_dim)
+
+        return self.decode.talker(self.numerics, embeds, cos, sin, attend)
 
     def _processors(self, batch: int, scores: torch.Tensor) -> torch.Tensor:
-        """Repetition penalty (``seen``), min-new-tokens and suppressed ids, as ``TokenRules``."""
+        """``TokenRules.apply`` for every row at once: repetition penalty (``seen``),
+        min-new-tokens and suppressed ids, with the rules' masks."""
         penalty = self.penalty[:batch].view(-1, 1)
         penalized = torch.where(scores < 0, scores * penalty, scores / penalty)
         scores = torch.where(self.seen[:batch], penalized, scores)
-        too_early = self.generated[:batch].view(-1, 1) < self.min_new[:batch].view(-1, 1)
-        scores = scores.masked_fill(self.eos_mask & too_early, -math.inf)
-        return scores.masked_fill(self.suppress_mask, -math.inf)
+        if self.rules.eos_mask is not None:
+            too_early = self.generated[:batch].view(-1, 1) < self.min_new[:batch].view(-1, 1)
+            scores = scores.masked_fill(self.rules.eos_mask & too_early, -math.inf)
+        if self.rules.suppress_mask is not None:
+            scores = scores.masked_fill(self.rules.suppress_mask, -math.inf)
+        return scores
 
     def _select(self, scores: torch.Tensor, which: int, batch: int, noise: Optional[torch.Tensor]) -> torch.Tensor:
         """Greedy or sampled id per row (``which``: 0 talker, 1 code predictor); sampling follows

@@ -2,11 +2,7 @@
 text-channel embedding (``text_projection(text_embedding(id))``) and a codec-channel embedding
 (``codec_embedding``), and whose ``codec_head`` predicts codebook 0 of the next frame.
 
-Two entry points, both writing keys and values into a :class:`StaticKVCache` slot:
-
-* :meth:`Talker.prefill` runs one prompt (``[1, L, hidden]``) from position 0;
-* :meth:`Talker.decode` advances a batch of sequences by one position each, every row at its own
-  position and attending only to its own slot.
+The modules hold the checkpoint's tensors; prefill and decode over them are :mod:`.decode`.
 """
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from omni_backend.engine.kv_cache import StaticKVCache
 
 from .code_predictor import CodePredictor
 from .config import TalkerConfig
-from .layers import BatchInvariantOps, DecoderLayer, RMSNorm, TalkerRotary, activation
+from .layers import DecoderLayer, RMSNorm, TalkerRotary, activation
 
 __all__ = ["Talker", "TalkerModel", "TextProjection"]
 
@@ -83,59 +79,3 @@ class Talker(nn.Module):
     def new_rotary(self, dtype: torch.dtype, device: torch.device) -> TalkerRotary:
         c = self.config
         return TalkerRotary(c.rope_theta, c.head_dim, c.mrope_section, c.mrope_interleaved, dtype, device)
-
-    # -- forward passes
-    def prefill(self, embeds: torch.Tensor, cache: StaticKVCache, slot: int, rotary: TalkerRotary,
-                ops: BatchInvariantOps) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run one prompt ``[1, L, hidden]`` into ``slot``. Returns the float32 logits ``[1, vocab]``
-        of the last position and its (normed) hidden state ``[1, 1, hidden]``."""
-        cos, sin = rotary.prefill(embeds.shape[1])
-        hidden = embeds
-        for index, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, lambda h, i=index, l=layer: l.self_attn.prefill(h, cos, sin, ops, cache, i, slot),
-                           ops)
-        hidden = self.model.norm(hidden)
-        # the reference projects every position and keeps the last (M = L in the matmul)
-        logits = ops.linear(hidden, self.codec_head.weight)[:, -1, :].to(torch.float32)
-        return logits, hidden[:, -1:, :]
-
-    def prefill_batch(self, prompts: list[torch.Tensor], cache: StaticKVCache, slots: list[int],
-                      rotary: TalkerRotary) -> tuple[torch.Tensor, torch.Tensor]:
-        """Several prompts ``[1, L_b, hidden]`` in one right-padded forward (plain batched
-        matmuls, so not bit-identical to :meth:`prefill`: for the accelerator path, where one
-        pass instead of N saves N-1 passes of kernel launches). Returns float32 logits
-        ``[N, vocab]`` at each prompt's last position and those hidden states ``[N, 1, hidden]``."""
-        lengths = [p.shape[1] for p in prompts]
-        hidden = torch.nn.utils.rnn.pad_sequence([p[0] for p in prompts], batch_first=True)
-        device = hidden.device
-        slot_t = torch.tensor(slots, dtype=torch.long, device=device)
-        cos, sin = rotary.prefill(hidden.shape[1])
-        ops = BatchInvariantOps(enabled=False)
-        for index, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, lambda h, i=index, l=layer: l.self_attn.prefill_rows(h, cos, sin, ops, cache, i,
-                                                                                         slot_t), ops)
-        last = torch.tensor(lengths, dtype=torch.long, device=device) - 1
-        hidden = self.model.norm(hidden[torch.arange(len(prompts), device=device), last]).unsqueeze(1)
-        logits = F.linear(hidden, self.codec_head.weight)[:, -1, :].to(torch.float32)
-        return logits, hidden
-
-    def decode(self, embeds: torch.Tensor, cache: StaticKVCache, slots: list[int], positions: list[int],
-               rotary: TalkerRotary, ops: BatchInvariantOps) -> tuple[torch.Tensor, torch.Tensor]:
-        """Advance ``B`` sequences by one position: ``embeds`` ``[B, 1, hidden]``, row ``b`` at
-        ``positions[b]`` of ``slots[b]``. Returns float32 logits ``[B, vocab]`` and hidden
-        states ``[B, 1, hidden]``."""
-        device = embeds.device
-        slot_t = torch.tensor(slots, dtype=torch.long, device=device)
-        pos_t = torch.tensor(positions, dtype=torch.long, device=device)
-        lengths = [p + 1 for p in positions]
-        cos, sin = rotary.decode(pos_t)
-        hidden = embeds
-        for index, layer in enumerate(self.model.layers):
-            hidden = layer(
-                hidden,
-                lambda h, i=index, l=layer: l.self_attn.decode(h, cos, sin, ops, cache, i, slot_t, pos_t, slots,
-                                                                lengths),
-                ops)
-        hidden = self.model.norm(hidden)
-        logits = ops.linear(hidden, self.codec_head.weight)[:, -1, :].to(torch.float32)
-        return logits, hidden

