@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from client.speech_api.process import ShimProcess
 from client.triton_process import TritonProcess
@@ -99,8 +100,11 @@ class Stream:
         if self.params:
             inputs.append(grpcclient.InferInput("PARAMS", [1], "BYTES"))
             inputs[1].set_data_from_numpy(np.array([json.dumps(self.params).encode()], dtype=np.object_))
-        client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
         try:
+            try:
+                client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
+            except InferenceServerException:   # the stream failed at once: its callback has why
+                pass
             while True:
                 try:
                     result, error = responses.get(timeout=120)
