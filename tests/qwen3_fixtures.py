@@ -12,7 +12,10 @@ Fixtures:
     qwen3_tiny_eos      tiny custom_voice rigged to stop after QWEN3_EOS_AFTER frames
     qwen3_loaded(path)  -> Qwen3TTSCheckpoint (cached per path)
     qwen3_parity_jobs   the parity prompts per checkpoint (the oracle's jobs list)
-    qwen3_reference     the oracle's output (dict of numpy arrays + "meta"); skips without the oracle venv
+    qwen3_reference     the oracle's output (dict of numpy arrays + "meta"); needs the oracle venv
+
+Tests that need the oracle venv call :func:`require_qwen3_oracle` (through their reference
+fixture): without the venv they skip, and under CI (``CI=true``) they fail.
 """
 from __future__ import annotations
 
@@ -30,9 +33,18 @@ QWEN3_ORACLE_SCRIPT = REPO / "tests" / "oracle" / "qwen3_tts_reference.py"
 QWEN3_EOS_AFTER = 5
 QWEN3_THREADS = 1  # the same on both sides: on CPU a prefill's bits depend on the thread count
 
-requires_qwen3_oracle = pytest.mark.skipif(
-    not QWEN3_ORACLE_PYTHON.exists(),
-    reason=f"reference venv missing: {QWEN3_ORACLE_PYTHON} (run `make oracle` or tests/oracle/install.sh)")
+
+def require_qwen3_oracle() -> None:
+    """Skip the calling test (or fixture) when the reference venv is missing; fail instead when
+    the environment variable ``CI`` is ``true``: there a missing oracle is a broken set-up, and a
+    skipped parity test would pass unnoticed."""
+    if QWEN3_ORACLE_PYTHON.exists():
+        return
+    message = f"reference venv missing: {QWEN3_ORACLE_PYTHON} (run `make oracle` or tests/oracle/install.sh)"
+    if os.environ.get("CI", "").strip().lower() in ("true", "1"):
+        pytest.fail(f"{message}; CI=true requires the oracle", pytrace=False)
+    pytest.skip(message)
+
 
 # Strings that stress the tokenizer: contractions, CamelCase, digits, slashes, newlines, CJK, emoji.
 QWEN3_TOKENIZER_TEXTS = [
@@ -168,8 +180,7 @@ def _unpatched_copy(checkpoint: Path, target: Path) -> Path:
 def qwen3_reference(qwen3_parity_jobs, qwen3_checkpoint_factory, tmp_path_factory) -> dict:
     """One oracle run: parity prompts, tokenizer texts (both tokenizer regimes), and a load of
     every tiny type (its missing/unexpected weight names land in ``meta``)."""
-    if not QWEN3_ORACLE_PYTHON.exists():
-        pytest.skip(f"reference venv missing: {QWEN3_ORACLE_PYTHON} (run `make oracle` or tests/oracle/install.sh)")
+    require_qwen3_oracle()
     work = tmp_path_factory.mktemp("qwen3_oracle")
     jobs = [dict(job) for job in qwen3_parity_jobs]
     jobs[0]["tokenize"] = QWEN3_TOKENIZER_TEXTS

@@ -1,5 +1,5 @@
-"""``perf/gpu/check.sh`` must work the first time a GPU is lent (device time is short), so its
-logic runs here in its CPU dry run: tiny shapes, the same steps, the same tables."""
+"""``perf/gpu/check.sh`` must work on its first GPU run, which is short, so its logic is checked
+without a GPU in its CPU dry run: tiny shapes, the same steps, the same tables."""
 from __future__ import annotations
 
 import os
@@ -25,8 +25,8 @@ def test_gpu_check_dry_run():
 
 
 def test_gpu_check_reports_what_it_measured_when_the_timeout_stops_it(tmp_path):
-    """The lent machine's command limit is 10 minutes and check.sh's guard sends SIGTERM before
-    it: a stopped run must still print and write its report (with the steps it finished)."""
+    """check.sh's guard sends SIGTERM at ``CHECK_TIMEOUT`` (540 s, under a 10-minute command
+    limit): a stopped run must still print and write its report (with the steps it finished)."""
     results = tmp_path / "results.md"
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     check = subprocess.Popen([sys.executable, "perf/gpu/check.py", "--dry-run", "--results", str(results)], cwd=ROOT,

@@ -2,7 +2,8 @@
 window contract, batching of windows, and the random speech-tokenizer checkpoint writer.
 
 Oracle tests run the reference in .venv-oracle once per module, by subprocess
-(tests/oracle/qwen3_code2wav_reference.py), and skip when that venv is missing.
+(tests/oracle/qwen3_code2wav_reference.py); without that venv they skip, or fail under CI
+(``require_qwen3_oracle``).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from omni_backend.testing.qwen3_tts_random_speech_tokenizer import (
     write_speech_tokenizer,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-ORACLE_PYTHON = REPO / ".venv-oracle" / "bin" / "python"
+from tests.qwen3_fixtures import QWEN3_ORACLE_PYTHON, REPO, require_qwen3_oracle
+
 ORACLE_SCRIPT = REPO / "tests" / "oracle" / "qwen3_code2wav_reference.py"
 HOP = 1920
 FRAMES = 60
@@ -42,17 +43,13 @@ SCHEDULES = {"chunk25_ctx72": (2, 25, 72), "chunk5_ctx10": (2, 5, 10)}
 # the reference's chunked decode, exercised with a small chunk so that T=60 takes several chunks
 CHUNKED = (20, 7)
 
-needs_oracle = pytest.mark.skipif(not ORACLE_PYTHON.exists(),
-                                  reason=f"reference venv missing: {ORACLE_PYTHON} (run tests/oracle/install.sh)")
-
-
 # ----------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_cpu_thread():
     """The tiny decoder is overhead-bound; one thread avoids OpenMP oversubscription (seen to slow a
-    97-frame window from 50 ms to 2.6 s) when other jobs share the 2 cores."""
+    97-frame window from 50 ms to 2.6 s) when other processes share the CPU cores."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -80,8 +77,7 @@ def codes() -> torch.Tensor:
 @pytest.fixture(scope="module")
 def reference(tiny_dir, codes, tmp_path_factory) -> dict:
     """Everything the reference computes for these tests, from one subprocess."""
-    if not ORACLE_PYTHON.exists():
-        pytest.skip(f"reference venv missing: {ORACLE_PYTHON}")
+    require_qwen3_oracle()
     work = tmp_path_factory.mktemp("qwen3_code2wav_oracle")
     np.save(work / "codes.npy", codes.numpy())
     configs = []
@@ -95,7 +91,7 @@ def reference(tiny_dir, codes, tmp_path_factory) -> dict:
                "windows": flat, "encode_seconds": 1.0, "key_shapes_for": configs}
     (work / "request.json").write_text(json.dumps(request))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    run = subprocess.run([str(ORACLE_PYTHON), str(ORACLE_SCRIPT), str(work / "request.json"),
+    run = subprocess.run([str(QWEN3_ORACLE_PYTHON), str(ORACLE_SCRIPT), str(work / "request.json"),
                           str(work / "result.npz")], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, f"reference failed:\n{run.stderr[-4000:]}"
     result = np.load(work / "result.npz")
@@ -211,7 +207,6 @@ def test_decode_rejects_bad_codes(code2wav, codes):
 
 
 @pytest.mark.oracle
-@needs_oracle
 def test_reference_loads_written_checkpoint_with_every_key(reference):
     loading = reference["info"]["loading"]
     assert loading == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}
@@ -225,7 +220,6 @@ def test_reference_loads_written_checkpoint_with_every_key(reference):
 
 
 @pytest.mark.oracle
-@needs_oracle
 def test_full_decode_matches_reference(code2wav, codes, reference):
     # default (batch-invariant) mode: each item as the reference decodes it alone
     ours = code2wav.decode(codes).numpy()
@@ -243,7 +237,6 @@ def test_full_decode_matches_reference(code2wav, codes, reference):
 
 
 @pytest.mark.oracle
-@needs_oracle
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_streamed_windows_match_reference(code2wav, codes, reference, name):
     schedule = CodecChunkSchedule(*SCHEDULES[name])

@@ -24,7 +24,7 @@ from omni_backend.models.qwen3_tts.prompt import PromptError, VoiceClonePrompt, 
 from omni_backend.models.qwen3_tts.runner import create_engine
 from omni_backend.models.qwen3_tts.speaker_encoder import mel_filterbank
 from omni_backend.models.qwen3_tts.voice_clone import VoiceEncoder
-from tests.qwen3_fixtures import QWEN3_ORACLE_PYTHON, QWEN3_THREADS, REPO
+from tests.qwen3_fixtures import QWEN3_ORACLE_PYTHON, QWEN3_THREADS, REPO, require_qwen3_oracle
 
 ORACLE_SCRIPT = REPO / "tests" / "oracle" / "qwen3_voice_clone_reference.py"
 
@@ -72,8 +72,7 @@ def base_checkpoint(qwen3_checkpoint_factory):
 
 @pytest.fixture(scope="module")
 def reference(base_checkpoint, audios, tmp_path_factory) -> dict:
-    if not QWEN3_ORACLE_PYTHON.exists():
-        pytest.skip(f"reference venv missing: {QWEN3_ORACLE_PYTHON}")
+    require_qwen3_oracle()
     work = tmp_path_factory.mktemp("qwen3_voice_clone_oracle")
     files = {}
     for name, audio in audios.items():
