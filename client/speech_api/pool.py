@@ -43,7 +43,7 @@ class TritonEndpoint:
         self.client: Any = None
         self.healthy = False
         self.active = 0
-        self.pipelines: dict[str, str | None] = {}   # pipeline -> model path (entry parameter), ready ones
+        self.pipelines: dict[str, str | None] = {}   # pipeline -> its catalog (entry parameter), ready ones
         self.seen: set[str] = set()                   # every pipeline this endpoint has served
         self.unready: set[str] = set()                # seen, but its models are not all READY now
         self.avoid: dict[str, float] = {}             # pipeline -> until when new streams go elsewhere
