@@ -52,7 +52,13 @@ class StreamContext:
         self.resources: list[Any] = []   # things with `async aclose()`, closed on release
 
     def cancelled(self) -> bool:
-        if not self._cancelled and self.sender is not None and self.sender.is_cancelled():
+        """The client went away, or the stream is over. Once the final response is sent, Triton
+        may free the request's response factory, and asking it `is_cancelled` then crashes
+        tritonserver (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled, seen when an abort
+        ended streams whose work was still running): a finished stream is never asked."""
+        if self._cancelled or self.final_sent or self.sender is None:
+            return True
+        if self.sender.is_cancelled():
             self._cancelled = True
         return self._cancelled
 
@@ -195,7 +201,7 @@ class DecoupledModel:
         try:
             self.on_start(ctx)
             async for tensors in self.stream(ctx):
-                if ctx.cancelled() or ctx.final_sent:
+                if ctx.final_sent or ctx.cancelled():
                     raise Cancelled()
                 sent = self.responses.send(ctx.sender, pb_utils.InferenceResponse(output_tensors=tensors))
                 try:

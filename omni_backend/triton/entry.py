@@ -102,15 +102,23 @@ class PipelineEntry(DecoupledModel):
     async def audio(self, ctx: StreamContext, request: dict[str, Any]) -> AsyncIterator[np.ndarray]:
         final, closers = self.graph(ctx, request)
         iterator = final.__aiter__()
+        pending: asyncio.Future | None = None
         try:
             while True:
+                pending = asyncio.ensure_future(iterator.__anext__())
                 try:
-                    out = await self.wait(ctx, iterator.__anext__())
+                    out = await self.wait(ctx, pending)
                 except StopAsyncIteration:
                     return
+                pending = None
                 if "AUDIO" in out:
                     yield out["AUDIO"].reshape(-1)
         finally:
+            # A step still running (the client left, or an abort) is stopped first: a generator
+            # cannot be closed while it runs, and its work must not outlive the stream.
+            if pending is not None and not pending.done():
+                pending.cancel()
+                await asyncio.wait({pending})
             for closer in reversed(closers):   # the stage streams themselves close with ctx
                 await closer.aclose()
 
