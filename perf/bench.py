@@ -120,6 +120,7 @@ def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params:
     from omni_backend.deploy import load_deploy
     from omni_backend.models.qwen3_tts.code2wav import Code2Wav
     from omni_backend.models.qwen3_tts.runner import create_engine
+    from omni_backend.models.qwen3_tts.sampling_params import sampling_params_from_request
 
     deploy = load_deploy(deploy_path)
     s0, s1 = deploy.stage(0), deploy.stage(1)
@@ -131,7 +132,7 @@ def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params:
     decoder = Code2Wav.from_checkpoint(os.path.join(model_dir, "speech_tokenizer"), device=s1.device)
     decoder.batch_invariant = s1.batch_invariant
     builder = engine.runner.checkpoint.prompt_builder()
-    sp = dataclasses.replace(engine.default_params, **{k: v for k, v in params.items() if k != "voice"})
+    sp = sampling_params_from_request(engine.default_params, params)   # the talker stage's mapping
     a = deploy.async_chunk
     schedule = CodecChunkSchedule(a.initial_chunk_frames, a.chunk_frames, a.left_context_frames)
     speaker = params.get("voice") or (builder.speakers[0] if builder.speakers else None)

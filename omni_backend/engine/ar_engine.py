@@ -7,6 +7,11 @@ made in this step as :class:`FrameEvent`\\ s, so frames leave the engine as they
 runner exception ends the requests it hit with a ``finish_reason="error"`` event (``error`` holds
 the message); the engine keeps serving the others.
 
+The engine decides when a request ends (the stop rules, :meth:`AREngine._plan` and
+:meth:`AREngine._advance`): eos ids, ``max_new_tokens``, ``max_model_len`` and
+``min_new_tokens`` are applied here, from the runner's data (``eos_token_ids``,
+``max_new_tokens_offset``, ``max_model_len``); the runner only computes steps.
+
 ``add_request`` and ``cancel`` may be called from any thread; ``step`` from one thread at a time
 (:class:`~omni_backend.engine.async_engine.AsyncEngine` runs it on its own thread).
 """
@@ -18,9 +23,9 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from .model_runner import ModelRunner, StepOutput
+from .model_runner import ModelRunner
 from .scheduler import Scheduler
-from .sequence import FrameEvent, SamplingParams, Sequence
+from .sequence import FrameEvent, PromptTooLongError, SamplingParams, Sequence
 
 __all__ = ["AREngine", "DuplicateRequestError"]
 
@@ -54,7 +59,11 @@ class AREngine:
         prompt that can never fit, and :class:`DuplicateRequestError` for a request id in use."""
         params = (params or self.default_params).validate()
         self.runner.check(prompt, params)
-        seq = Sequence(request_id, prompt, params)
+        prompt_len = self.runner.prompt_length(prompt)
+        if prompt_len >= self.runner.max_model_len:   # not even one frame would fit
+            raise PromptTooLongError("input", f"the prompt takes {prompt_len} positions; this engine holds "
+                                              f"{self.runner.max_model_len} per request (max_model_len)")
+        seq = Sequence(request_id, prompt, params, prompt_len)
         with self._lock:
             if request_id in self._known:
                 raise DuplicateRequestError(f"request id {request_id!r} is already in the engine")
@@ -94,27 +103,30 @@ class AREngine:
 
         with torch.inference_mode():
             admitted = self.scheduler.admit()
-            outs: list = []
+            for seq in admitted:
+                self._plan(seq)
+            tokens: list[int] = []
             if len(admitted) > 1:
                 try:
-                    outs = self.runner.prefill_many(admitted)
+                    tokens = self.runner.prefill_many(admitted)
                 except Exception:  # find the culprit: one by one below
                     logger.exception("prefill of %d requests together failed; prefilling one by one", len(admitted))
-                    outs = []
+                    tokens = []
             for index, seq in enumerate(admitted):
-                if outs:
-                    out = outs[index]
+                if tokens:
+                    token = tokens[index]
                 else:
                     try:
-                        out = self.runner.prefill(seq)
+                        token = self.runner.prefill(seq)
                     except Exception as exc:  # the request ends with an error event; others go on
                         logger.exception("prefill of %s failed", seq.request_id)
                         self._end(seq, "error", events, codes=None, error=f"{type(exc).__name__}: {exc}")
                         continue
-                if out is not None:
-                    self._emit(out, events)
+                self._advance(seq, None, token, events)
             batch = self.scheduler.decoding()
             if batch:
+                for seq in batch:
+                    self._plan(seq)
                 try:
                     outputs = self.runner.decode(batch)
                 except Exception as exc:
@@ -123,19 +135,42 @@ class AREngine:
                         self._end(seq, "error", events, codes=None, error=f"{type(exc).__name__}: {exc}")
                     outputs = []
                 for out in outputs:
-                    self._emit(out, events)
+                    self._advance(out.seq, out.codes, out.token, events)
         return events
 
-    def _emit(self, out: StepOutput, events: list[FrameEvent]) -> None:
-        seq = out.seq
-        if out.codes is not None:
-            if out.finished:
-                self._end(seq, out.finish_reason or "stop", events, codes=out.codes)
-            else:
-                events.append(FrameEvent(seq.request_id, out.codes, False, None, seq.num_frames))
-                seq.num_frames += 1
-        elif out.finished:
-            self._end(seq, out.finish_reason or "stop", events, codes=None)
+    # -- the stop rules
+    def _max_frames(self, seq: Sequence) -> int:
+        return seq.params.max_new_tokens - self.runner.max_new_tokens_offset
+
+    def _plan(self, seq: Sequence) -> None:
+        """The step's inputs for ``seq``. A prefill always samples (its token may be eos). A decode
+        step makes frame ``num_frames`` and samples the next token only if that token could become
+        a frame: the frame is not the last one ``max_new_tokens`` allows, and the cache has a
+        position for the frame's input (``prompt_len + frame < max_model_len``)."""
+        if seq.num_tokens == 0:
+            seq.sample_next = True
+        else:
+            frame = seq.num_frames
+            seq.sample_next = (frame + 1 < self._max_frames(seq)
+                               and seq.prompt_len + frame < self.runner.max_model_len)
+        seq.ban_eos = seq.num_tokens < seq.params.min_new_tokens
+
+    def _advance(self, seq: Sequence, codes: Optional[list[int]], token: Optional[int],
+                 events: list[FrameEvent]) -> None:
+        """Emit a step's frame (``None`` after a prefill) and end the request where a rule says so:
+        no next token was asked for (``length``), or the token is eos (``stop``; eos is not a frame)."""
+        if not seq.sample_next:
+            self._end(seq, "length", events, codes=codes)
+            return
+        seq.num_tokens += 1
+        if token in self.runner.eos_token_ids:
+            self._end(seq, "stop", events, codes=codes)
+        elif codes is None:   # the prefill's token: the request ends at once only if no frame is allowed
+            if self._max_frames(seq) <= 0:
+                self._end(seq, "length", events, codes=None)
+        else:
+            events.append(FrameEvent(seq.request_id, codes, False, None, seq.num_frames))
+            seq.num_frames += 1
 
     def _end(self, seq: Sequence, reason: str, events: list[FrameEvent], codes: Optional[list[int]],
              error: Optional[str] = None) -> None:

@@ -1,9 +1,20 @@
 """What the engine needs from a model: the runner interface.
 
 A runner owns the model, its static caches (indexed by the slot the scheduler gives each
-sequence) and the per-sequence model state (``seq.state``). The engine owns everything else:
-request bookkeeping, admission, cancellation and the event stream. A multi-codebook model
-(Qwen3-TTS, CSM, ...) produces one frame per sequence per ``decode`` call.
+sequence) and the per-sequence model state (``seq.state``); it only computes steps. The engine
+owns everything else: request bookkeeping, admission, cancellation, the event stream, and when a
+sequence ends.
+
+The steps, as the engine sees them: ``prefill`` runs a sequence's prompt (``prompt_length``
+cache positions) and returns its first token. Each ``decode`` call makes, per sequence, the frame
+of its last token and, when ``seq.sample_next``, the next token: it feeds the frame back at cache
+position ``prompt_length + frame index``. A frame is whatever one step outputs (several ids for a
+multi-codebook model, the token itself for a plain LM). The engine ends a sequence on a token in
+``eos_token_ids`` (eos is not a frame), at ``max_new_tokens - max_new_tokens_offset`` frames, or
+when the cache has no position left for the next token (``max_model_len``); on a sequence's last
+step it sets ``seq.sample_next`` False, so no token is drawn that no frame would use. It sets
+``seq.ban_eos`` while fewer than ``min_new_tokens`` tokens exist; the runner masks its eos ids
+then.
 
 For CUDA graphs, a runner keeps its decode inputs in static buffers sized ``max_num_seqs`` and
 captures its step per batch-size bucket (:class:`~omni_backend.engine.cuda_graphs.GraphBuckets`);
@@ -22,29 +33,38 @@ __all__ = ["ModelRunner", "StepOutput"]
 
 @dataclass
 class StepOutput:
-    """One sequence's result of a prefill or decode call: a frame (``codes``) and/or the end."""
+    """One sequence's result of a decode call: its frame, and its next token (``None`` when the
+    engine asked for none, ``seq.sample_next`` False)."""
 
     seq: Sequence
-    codes: Optional[list[int]]
-    finished: bool = False
-    finish_reason: Optional[str] = None
+    codes: list[int]
+    token: Optional[int]
 
 
 class ModelRunner(abc.ABC):
     max_num_seqs: int
+    max_model_len: int                       # cache positions per sequence: prompt + frames
+    eos_token_ids: frozenset[int] = frozenset()
+    # Tokens counted by max_new_tokens that never become a frame: a family whose reference counts
+    # a last token it never turns into a frame sets 1 (its N tokens give at most N - 1 frames).
+    max_new_tokens_offset: int = 0
 
     def check(self, prompt: Any, params: SamplingParams) -> None:
         """Raise a ``ValueError`` (an ``InvalidRequest``) if the request cannot run at all, e.g. its
-        prompt does not fit the cache. Called when the request is added."""
+        prompt is not one this runner takes or ``params.extra`` is out of range. Called when the
+        request is added."""
 
     @abc.abstractmethod
-    def prefill(self, seq: Sequence) -> Optional[StepOutput]:
-        """Run the prompt of a newly admitted sequence into its slot. Returns an output only if
-        the sequence ends right away (it then yields no frame)."""
+    def prompt_length(self, prompt: Any) -> int:
+        """Cache positions the prompt takes (called after ``check``)."""
 
-    def prefill_many(self, seqs: list[Sequence]) -> list[Optional[StepOutput]]:
-        """Prefill the sequences admitted in one step (one output or None each, in order). A
-        runner may run them together; if this raises, the engine prefills them one by one."""
+    @abc.abstractmethod
+    def prefill(self, seq: Sequence) -> int:
+        """Run the prompt of a newly admitted sequence into its slot; return its first token."""
+
+    def prefill_many(self, seqs: list[Sequence]) -> list[int]:
+        """Prefill the sequences admitted in one step (their first tokens, in order). A runner may
+        run them together; if this raises, the engine prefills them one by one."""
         return [self.prefill(seq) for seq in seqs]
 
     @abc.abstractmethod

@@ -17,22 +17,27 @@ __all__ = ["TokenRules", "apply_repetition_penalty", "warp", "select", "select_r
 
 
 class TokenRules:
-    """Fixed per-model rules for one vocabulary: ids that can never be emitted and the eos id
-    that ``min_new_tokens`` holds back."""
+    """Fixed per-model rules for one vocabulary: ids that can never be emitted and the eos ids
+    that the engine holds back while ``min_new_tokens`` is not reached (``ban_eos``)."""
 
-    def __init__(self, vocab_size: int, eos_id: Optional[int] = None, suppressed: Seq[int] = (),
+    def __init__(self, vocab_size: int, eos_ids: Seq[int] = (), suppressed: Seq[int] = (),
                  device: torch.device | str = "cpu") -> None:
         vocab = torch.arange(vocab_size, device=device)
-        self.eos_id = eos_id
-        self.eos_mask = (vocab == eos_id).view(1, -1) if eos_id is not None else None
-        self.suppress_mask = (torch.isin(vocab, torch.tensor(list(suppressed), dtype=torch.long, device=device))
-                              .view(1, -1) if suppressed else None)
+        self.eos_ids = tuple(eos_ids)
+        self.eos_mask = self._mask(vocab, self.eos_ids)
+        self.suppress_mask = self._mask(vocab, suppressed)
+
+    @staticmethod
+    def _mask(vocab: torch.Tensor, ids: Seq[int]) -> Optional[torch.Tensor]:
+        if not ids:
+            return None
+        return torch.isin(vocab, torch.tensor(list(ids), dtype=torch.long, device=vocab.device)).view(1, -1)
 
     def apply(self, scores: torch.Tensor, generated: Seq[int], repetition_penalty: float,
-              min_new_tokens: int) -> torch.Tensor:
+              ban_eos: bool) -> torch.Tensor:
         if repetition_penalty != 1.0:
             scores = apply_repetition_penalty(scores, generated, repetition_penalty)
-        if self.eos_mask is not None and min_new_tokens > 0 and len(generated) < min_new_tokens:
+        if self.eos_mask is not None and ban_eos:
             scores = torch.where(self.eos_mask, -math.inf, scores)
         if self.suppress_mask is not None:
             scores = torch.where(self.suppress_mask, -float("inf"), scores)

@@ -19,6 +19,7 @@ from omni_backend.engine import SamplingParams
 
 from omni_backend.models.qwen3_tts.checkpoint import Qwen3TTSCheckpoint, load_checkpoint
 from omni_backend.models.qwen3_tts.runner import create_engine
+from omni_backend.models.qwen3_tts.sampling_params import Qwen3SamplingParams
 
 __all__ = ["greedy_graph_parity", "PARITY_TEXTS"]
 
@@ -38,7 +39,7 @@ def _requests(checkpoint: Qwen3TTSCheckpoint, count: int, frames: int, tag: str,
                                instruct=instruct)
         if sample:  # the in-graph noise, top-k and top-p (every other request) paths
             params = SamplingParams(max_new_tokens=frames + 1 + i % 3, seed=1000 + i, top_p=0.9 if i % 2 else 1.0,
-                                    subtalker_top_p=0.9 if i % 2 else 1.0)
+                                    extra=Qwen3SamplingParams(subtalker_top_p=0.9 if i % 2 else 1.0))
         else:
             params = SamplingParams.greedy(max_new_tokens=frames + 1 + i % 3, repetition_penalty=1.05)
         out.append((f"{tag}{i}", prompt, params))

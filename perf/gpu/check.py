@@ -48,6 +48,7 @@ from omni_backend.models.qwen3_tts.code2wav import Code2Wav, Code2WavGraphs  # n
 from omni_backend.testing.qwen3_tts_graph_check import greedy_graph_parity  # noqa: E402
 from omni_backend.testing.qwen3_tts_random import write_random_checkpoint  # noqa: E402
 from omni_backend.models.qwen3_tts.runner import create_engine  # noqa: E402
+from omni_backend.models.qwen3_tts.sampling_params import sampling_params_from_request  # noqa: E402
 
 TEXTS = ["The weather is lovely today. Let us take a walk in the park.",
          "Please call me back tomorrow morning at nine. I will be at my desk.",
@@ -97,8 +98,8 @@ def run_pipeline(engine, decoder: Code2Wav, schedule: CodecChunkSchedule, concur
     window that became ready (batched code2wav calls). Returns TTFA / RTF / throughput."""
     builder = engine.runner.checkpoint.prompt_builder()
     speakers = list(builder.speakers) or [None]
-    params = dataclasses.replace(engine.default_params, do_sample=False, subtalker_do_sample=False,
-                                 max_new_tokens=frames + 1)
+    params = sampling_params_from_request(engine.default_params, {"do_sample": False, "subtalker_do_sample": False,
+                                                                  "max_new_tokens": frames + 1})
     codes: dict[str, list[list[int]]] = {}
     emitted: dict[str, int] = {}
     finished: set[str] = set()

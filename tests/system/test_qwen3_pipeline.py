@@ -50,8 +50,8 @@ def reference(triton):
     # Same intra-op thread count as the served stages: float reductions depend on it.
     assert deploy.stage(0).threads == deploy.stage(1).threads == 1
     torch.set_num_threads(1)
-    from omni_backend.engine import SamplingParams
     from omni_backend.models.qwen3_tts.runner import create_engine
+    from omni_backend.models.qwen3_tts.sampling_params import sampling_params_from_request
     import dataclasses
 
     engine = create_engine(path, max_num_seqs=8)
@@ -66,9 +66,7 @@ def reference(triton):
             req = adapter.validate(text, {**GREEDY, **params} if "seed" not in params else params)
             prompt = builder.build(req["text"], speaker=req["voice"], language=req["language"],
                                    instruct=req["instructions"], non_streaming_mode=req["non_streaming_mode"])
-            values = {k: req[k] for k in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
-                                          "subtalker_do_sample", "max_new_tokens") if req.get(k) is not None}
-            sp = dataclasses.replace(defaults, seed=req.get("seed"), **values)
+            sp = sampling_params_from_request(defaults, req)   # as the talker stage maps its REQUEST
             rid = uuid.uuid4().hex
             return np.asarray(engine.generate([(rid, prompt, sp)])[rid], dtype=np.int64)
 

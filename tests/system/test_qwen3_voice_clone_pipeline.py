@@ -58,10 +58,10 @@ def reference(triton):
     from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
     from omni_backend.chunking import CodecChunkSchedule
     from omni_backend.deploy import default_deploy_path, load_deploy
-    from omni_backend.engine import SamplingParams  # noqa: F401
     from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
     from omni_backend.models.qwen3_tts.code2wav import Code2Wav
     from omni_backend.models.qwen3_tts.runner import create_engine
+    from omni_backend.models.qwen3_tts.sampling_params import sampling_params_from_request
     from omni_backend.models.qwen3_tts.voice_clone import VoiceEncoder, decode_reference_audio
 
     path = resolve_checkpoint(f"builtin:{PIPELINE}")
@@ -82,8 +82,7 @@ def reference(triton):
             audio, rate = decode_reference_audio(req["ref_audio"])
             clone = encoder.encode(audio, rate, req.get("ref_text"), bool(req.get("x_vector_only_mode")))
             prompt = builder.build(req["text"], language=req["language"], voice_clone=clone)
-            values = {k: req[k] for k in ("do_sample", "subtalker_do_sample", "max_new_tokens") if req.get(k) is not None}
-            sp = dataclasses.replace(defaults, **values)
+            sp = sampling_params_from_request(defaults, req)   # as the talker stage maps its REQUEST
             rid = uuid.uuid4().hex
             codes = np.asarray(engine.generate([(rid, prompt, sp)])[rid], dtype=np.int64)
             context = None if clone.x_vector_only else clone.ref_codes.numpy()

@@ -22,7 +22,8 @@ from tests.toy_family import expected_audio
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = "toy_three_stage"
-SHARED = ("omni_backend/triton", "ensemble_builder", "omni_backend/families.py", "omni_backend/pipeline.py")
+SHARED = ("omni_backend/triton", "omni_backend/engine", "ensemble_builder", "omni_backend/families.py",
+          "omni_backend/pipeline.py")
 
 
 def test_shared_layers_name_no_model_family():

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from omni_backend.engine import DuplicateRequestError, SamplingParams, SamplingParamsError
-from omni_backend.models.qwen3_tts.prompt import PromptError
+from omni_backend.engine import DuplicateRequestError, PromptTooLongError, SamplingParams, SamplingParamsError
 from omni_backend.models.qwen3_tts.runner import create_engine
+from omni_backend.models.qwen3_tts.sampling_params import Qwen3SamplingParams
 from tests.qwen3_fixtures import QWEN3_EOS_AFTER
 
 
@@ -101,7 +101,7 @@ def test_model_length_limit(cv):
     engine.add_request("x", prompt, SamplingParams.greedy(max_new_tokens=100))
     events = _collect(engine)
     assert len(events) == 5 and events[-1].finish_reason == "length"
-    with pytest.raises(PromptError, match="max_model_len"):
+    with pytest.raises(PromptTooLongError, match="input: .*max_model_len"):
         create_engine(cv, max_num_seqs=1, max_model_len=prompt.prefill_length, num_threads=1).add_request(
             "y", prompt, SamplingParams.greedy())
 
@@ -113,7 +113,10 @@ def test_request_errors(cv):
         engine.add_request("dup", _prompt(cv), SamplingParams.greedy())
     for field, params in (("max_new_tokens", SamplingParams(max_new_tokens=0)),
                           ("temperature", SamplingParams(temperature=0.0)),
-                          ("subtalker_top_p", SamplingParams(subtalker_top_p=1.5)),
+                          ("subtalker_top_p", SamplingParams(extra=Qwen3SamplingParams(subtalker_top_p=1.5))),
+                          ("subtalker_temperature", SamplingParams.greedy(
+                              extra=Qwen3SamplingParams(subtalker_do_sample=True, subtalker_temperature=0.0))),
+                          ("extra", SamplingParams(extra={"subtalker_top_p": 0.5})),
                           ("top_k", SamplingParams(top_k=-1)),
                           ("repetition_penalty", SamplingParams(repetition_penalty=0.0)),
                           ("seed", SamplingParams(seed=-1)),
@@ -185,3 +188,23 @@ def test_a_failing_joint_prefill_falls_back_to_one_by_one(cv, monkeypatch):
             frames.setdefault(e.request_id, []).append(e.codes)
     assert {k: len(v) for k, v in frames.items()} == {"a": 3, "c": 3}
     assert engine.scheduler.num_free_slots == 3
+
+
+def test_request_fields_map_to_sampling_params(cv):
+    """The talker stage's mapping: engine fields and the code predictor's subtalker_* (in
+    ``extra``) over the defaults; unset or None keeps a default; min_new_tokens is deploy-only."""
+    from omni_backend.models.qwen3_tts.sampling_params import code_predictor_params, sampling_params_from_request
+
+    defaults = create_engine(cv, max_num_seqs=1, max_model_len=64, num_threads=1).default_params
+    assert defaults.extra == Qwen3SamplingParams(subtalker_do_sample=True, subtalker_temperature=0.9,
+                                                 subtalker_top_k=50, subtalker_top_p=1.0)
+    got = sampling_params_from_request(defaults, {"do_sample": False, "top_k": 7, "subtalker_top_p": 0.5,
+                                                  "subtalker_temperature": None, "min_new_tokens": 9, "seed": 3,
+                                                  "voice": "ryan"})
+    assert (got.do_sample, got.top_k, got.temperature, got.seed) == (False, 7, defaults.temperature, 3)
+    assert got.min_new_tokens == defaults.min_new_tokens
+    assert got.extra == Qwen3SamplingParams(subtalker_do_sample=True, subtalker_temperature=0.9, subtalker_top_k=50,
+                                            subtalker_top_p=0.5)
+    # without extra, the code predictor follows do_sample: greedy() is greedy for every codebook
+    assert code_predictor_params(SamplingParams.greedy()).subtalker_do_sample is False
+    assert code_predictor_params(SamplingParams()).subtalker_do_sample is True

@@ -42,12 +42,12 @@ def test_repetition_penalty_matches_transformers_formula():
 
 
 def test_token_rules():
-    rules = TokenRules(8, eos_id=5, suppressed=[4, 6, 7])
+    rules = TokenRules(8, eos_ids=[5, 3], suppressed=[4, 6, 7])
     scores = torch.zeros(1, 8)
-    held = rules.apply(scores, [1], 1.0, min_new_tokens=2)
-    assert held[0, 5] == -math.inf and held[0, 4] == -math.inf and held[0, 0] == 0
-    free = rules.apply(scores, [1, 2], 1.0, min_new_tokens=2)
-    assert free[0, 5] == 0 and free[0, 7] == -math.inf
+    held = rules.apply(scores, [1], 1.0, ban_eos=True)   # the engine bans eos before min_new_tokens
+    assert held[0, 5] == held[0, 3] == -math.inf and held[0, 4] == -math.inf and held[0, 0] == 0
+    free = rules.apply(scores, [1, 2], 1.0, ban_eos=False)
+    assert free[0, 5] == free[0, 3] == 0 and free[0, 7] == -math.inf
 
 
 def test_warpers():

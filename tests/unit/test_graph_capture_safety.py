@@ -34,7 +34,7 @@ def _meta_static_step(size: str, rows: int, max_len: int) -> GraphSafeStaticStep
                                talker.new_cache(rows, max_len, torch.bfloat16, META),
                                cp.new_cache(rows, torch.bfloat16, META), talker.new_rotary(torch.bfloat16, META),
                                rows, max_len,
-                               TokenRules(t.vocab_size, t.codec_eos_token_id, t.suppressed_codec_ids, META))
+                               TokenRules(t.vocab_size, (t.codec_eos_token_id,), t.suppressed_codec_ids, META))
 
 
 def test_meta_device_rejects_host_reads():

@@ -24,6 +24,7 @@ from omni_backend.engine.cuda_graphs import GraphBuckets, bucket_sizes
 from omni_backend.models.qwen3_tts.decode import Qwen3Decode, signed_sin
 from omni_backend.models.qwen3_tts.exact_step import BatchInvariantExact, BatchInvariantExactStep, BatchInvariantOps
 from omni_backend.models.qwen3_tts.runner import create_engine
+from omni_backend.models.qwen3_tts.sampling_params import Qwen3SamplingParams
 
 from tests.qwen3_fixtures import QWEN3_EOS_AFTER
 
@@ -268,8 +269,8 @@ def test_code2wav_graphs_fall_back_to_eager_on_cpu(qwen3_tiny_cv):
 def test_static_step_sampling_that_keeps_one_token_is_greedy(warp, qwen3_tiny_cv, qwen3_loaded):
     """The in-step sampler's warps: top-k 1, or a top-p below the largest probability, leave only the argmax."""
     checkpoint = qwen3_loaded(qwen3_tiny_cv)
-    sub = {f"subtalker_{k}": v for k, v in warp.items()}
-    sampled = lambda i: SamplingParams(max_new_tokens=8, seed=i, repetition_penalty=1.05, **warp, **sub)  # noqa: E731
+    sub = Qwen3SamplingParams(**{f"subtalker_{k}": v for k, v in warp.items()})
+    sampled = lambda i: SamplingParams(max_new_tokens=8, seed=i, repetition_penalty=1.05, extra=sub, **warp)  # noqa: E731
     greedy = lambda i: SamplingParams.greedy(max_new_tokens=8, repetition_penalty=1.05)  # noqa: E731
     engine = create_engine(checkpoint, max_num_seqs=2, max_model_len=64, static_step=True)
     want = engine.generate(_requests(checkpoint, greedy, n=2))

@@ -9,10 +9,13 @@ gives codebook 0 of frame 0. Each engine step then advances all running requests
    their next trailing-text embedding to one batched talker decode, which gives codebook 0 of
    their next frame (or eos).
 
-Stopping follows the reference ``generate()``: eos ends a request (eos is not a frame), and
-``max_new_tokens`` counts codebook-0 tokens, the last of which never becomes a frame, so a request
-yields at most ``max_new_tokens - 1`` frames. A request also ends (``length``) when its slot's
-cache is full.
+The engine decides when a request stops; the runner gives it the data: the eos id
+(``eos_token_ids``), the cache size (``max_model_len``) and ``max_new_tokens_offset = 1``, as in
+the reference ``generate()``, where ``max_new_tokens`` counts codebook-0 tokens and the last one
+never becomes a frame (a request yields at most ``max_new_tokens - 1`` frames). The engine's
+per-step inputs say whether a step's next codebook-0 token is wanted (``seq.sample_next``; on a
+request's last step the exact step leaves its row out of the talker decode) and whether eos is
+banned (``seq.ban_eos``).
 
 The caches are static (allocated once for ``max_num_seqs`` slots). The arithmetic is
 :class:`~.decode.Qwen3Decode`, written once; the runner picks one of two numerics strategies for
@@ -49,7 +52,8 @@ from .checkpoint import Qwen3TTSCheckpoint, load_checkpoint
 from .config import GenerationDefaults
 from .decode import Qwen3Decode
 from .exact_step import BatchInvariantExactStep, BatchInvariantOps
-from .prompt import PromptError, Qwen3Prompt, embed_prompt
+from .prompt import Qwen3Prompt, embed_prompt
+from .sampling_params import Qwen3SamplingParams, code_predictor_params
 from .static_step import SHORTEST_LENGTH_BUCKET, GraphSafeStaticStep, length_buckets
 
 __all__ = ["Qwen3TTSRunner", "create_engine", "sampling_params_from_defaults"]
@@ -61,9 +65,11 @@ def sampling_params_from_defaults(defaults: GenerationDefaults, **overrides) -> 
     """The checkpoint's ``generation_config.json`` as engine parameters (overrides win)."""
     values = dict(do_sample=defaults.do_sample, temperature=defaults.temperature, top_k=defaults.top_k,
                   top_p=defaults.top_p, repetition_penalty=defaults.repetition_penalty,
-                  subtalker_do_sample=defaults.subtalker_dosample,
-                  subtalker_temperature=defaults.subtalker_temperature, subtalker_top_k=defaults.subtalker_top_k,
-                  subtalker_top_p=defaults.subtalker_top_p, max_new_tokens=defaults.max_new_tokens)
+                  max_new_tokens=defaults.max_new_tokens,
+                  extra=Qwen3SamplingParams(subtalker_do_sample=defaults.subtalker_dosample,
+                                            subtalker_temperature=defaults.subtalker_temperature,
+                                            subtalker_top_k=defaults.subtalker_top_k,
+                                            subtalker_top_p=defaults.subtalker_top_p))
     values.update(overrides)
     return SamplingParams(**values)
 
@@ -76,6 +82,7 @@ class _RequestState:
     past_hidden: torch.Tensor            # [1, 1, hidden]: talker hidden that predicted `pending`
     pending: int                         # codebook 0 of the next frame
     generated: list[int]                 # codebook-0 ids so far (repetition penalty)
+    code_predictor: Qwen3SamplingParams  # codebooks 1..15 sampling, resolved
 
     @property
     def frame(self) -> int:
@@ -87,6 +94,7 @@ class Qwen3TTSRunner(ModelRunner):
     """Runs a loaded checkpoint for the engine. ``max_model_len`` bounds prompt + frames per
     request (the talker cache holds ``max_num_seqs x max_model_len`` positions per layer).
     ``batch_invariant=False`` trades the bit-exactness of batched rows for speed.
+    ``SamplingParams.extra`` is a :class:`Qwen3SamplingParams` (the code predictor's sampling).
 
     ``static_step`` (default: on CUDA) runs each decode step as :class:`GraphSafeStaticStep` over
     static buffers, captured as CUDA graphs per batch-size bucket (``cuda_graph_sizes``) unless
@@ -109,8 +117,12 @@ class Qwen3TTSRunner(ModelRunner):
         self.cp_cache = self.code_predictor.new_cache(max_num_seqs, dtype, device)
         self.cp_rotary = self.code_predictor.new_rotary(dtype, device)
         t = self.config.talker
-        self.eos_id = t.codec_eos_token_id
-        self.rules = TokenRules(t.vocab_size, t.codec_eos_token_id, t.suppressed_codec_ids, device)
+        self.eos_token_ids = frozenset({t.codec_eos_token_id})
+        # The reference counts the codebook-0 token drawn after the last frame in max_new_tokens.
+        # Declared by the runner (not mapped by the stage) so every engine caller (stage, benchmarks,
+        # parity tests) gets the reference's meaning of max_new_tokens.
+        self.max_new_tokens_offset = 1
+        self.rules = TokenRules(t.vocab_size, (t.codec_eos_token_id,), t.suppressed_codec_ids, device)
         self.frame_decode = Qwen3Decode(self.talker, self.cp_rotary)
         self.exact = BatchInvariantExactStep(self.frame_decode, self.ops)   # prefill, and the CPU decode
         self.static: Optional[GraphSafeStaticStep] = None
@@ -123,16 +135,17 @@ class Qwen3TTSRunner(ModelRunner):
     def check(self, prompt: Qwen3Prompt, params: SamplingParams) -> None:
         if not isinstance(prompt, Qwen3Prompt):
             raise TypeError(f"expected a Qwen3Prompt (from PromptBuilder.build), got {type(prompt).__name__}")
-        if prompt.prefill_length >= self.max_model_len:
-            raise PromptError("input", f"the prompt takes {prompt.prefill_length} positions; this engine holds "
-                                       f"{self.max_model_len} per request (max_model_len)")
+        code_predictor_params(params)
 
-    def prefill(self, seq: Sequence) -> Optional[StepOutput]:
+    def prompt_length(self, prompt: Qwen3Prompt) -> int:
+        return prompt.prefill_length
+
+    def prefill(self, seq: Sequence) -> int:
         embeds = embed_prompt(self.talker, self.config, seq.prompt)
         logits, hidden = self.exact.prefill(embeds.prefill, self.cache, seq.slot, self.rotary)
         return self._start(seq, embeds, logits, hidden)
 
-    def prefill_many(self, seqs: list[Sequence]) -> list[Optional[StepOutput]]:
+    def prefill_many(self, seqs: list[Sequence]) -> list[int]:
         """Prefill several admitted requests. On the static (accelerator) path and without
         ``batch_invariant`` they run as one padded forward; the exact CPU path keeps one forward
         per request (bit-identical to the reference)."""
@@ -143,43 +156,27 @@ class Qwen3TTSRunner(ModelRunner):
                                                  [seq.slot for seq in seqs], self.rotary)
         return [self._start(seq, e, logits[i:i + 1], hidden[i:i + 1]) for i, (seq, e) in enumerate(zip(seqs, embeds))]
 
-    def _start(self, seq: Sequence, embeds, logits: torch.Tensor, hidden: torch.Tensor) -> Optional[StepOutput]:
+    def _start(self, seq: Sequence, embeds, logits: torch.Tensor, hidden: torch.Tensor) -> int:
         """The request's state after its prefill, and its first codebook-0 token."""
-        params = seq.params
-        token = self._select_cb0(logits, [], params, seq.generator)
+        token = self._select_cb0(logits, [], seq)
         seq.state = _RequestState(prefill_length=embeds.prefill.shape[1], trailing_text=embeds.trailing_text[0],
-                                  tts_pad=embeds.tts_pad[0], past_hidden=hidden, pending=token, generated=[token])
-        if token == self.eos_id:
-            return StepOutput(seq, None, True, "stop")
-        if params.max_new_tokens <= 1:
-            return StepOutput(seq, None, True, "length")
-        return None
+                                  tts_pad=embeds.tts_pad[0], past_hidden=hidden, pending=token, generated=[token],
+                                  code_predictor=code_predictor_params(seq.params))
+        return token
 
     def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
         if self.static is not None:
             frames, tokens = self._decode_static(seqs)
         else:
             frames, tokens = self._decode_exact(seqs)
-        return [self._after_frame(seq, frame, token) for seq, frame, token in zip(seqs, frames, tokens)]
-
-    # -- stop rules, the same for both steps
-    def _ends_by_length(self, seq: Sequence) -> bool:
-        """Whether the pending frame is the request's last: ``max_new_tokens`` counts codebook-0
-        tokens and the last never becomes a frame; or the slot's cache is full."""
-        st: _RequestState = seq.state
-        return st.frame + 2 >= seq.params.max_new_tokens or st.prefill_length + st.frame >= self.max_model_len
-
-    def _after_frame(self, seq: Sequence, frame: list[int], token: Optional[int]) -> StepOutput:
-        """The output of a frame, and the request's state for the next one (``token``: codebook 0
-        of the next frame; eos ends the request and is not a frame)."""
-        if self._ends_by_length(seq):
-            return StepOutput(seq, frame, True, "length")
-        if token == self.eos_id:
-            return StepOutput(seq, frame, True, "stop")
-        st: _RequestState = seq.state
-        st.generated.append(token)
-        st.pending = token
-        return StepOutput(seq, frame, False, None)
+        outputs = []
+        for seq, frame, token in zip(seqs, frames, tokens):
+            if seq.sample_next:   # the state for the next frame (token: its codebook 0)
+                st: _RequestState = seq.state
+                st.generated.append(token)
+                st.pending = token
+            outputs.append(StepOutput(seq, frame, token if seq.sample_next else None))
+        return outputs
 
     # -- exact step: the frame's codebooks 1..15, then the talker for requests that go on
     def _decode_exact(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[Optional[int]]]:
@@ -190,7 +187,7 @@ class Qwen3TTSRunner(ModelRunner):
         codes = self._complete_frames(seqs, states, cb0_embed)
         frames = torch.cat((cb0.view(-1, 1), codes), dim=1).tolist()
         tokens: list[Optional[int]] = [None] * len(seqs)
-        going_on = [b for b, seq in enumerate(seqs) if not self._ends_by_length(seq)]
+        going_on = [b for b, seq in enumerate(seqs) if seq.sample_next]
         if going_on:
             self._talker_step(seqs, states, going_on, cb0_embed, codes, tokens)
         return frames, tokens
@@ -198,7 +195,7 @@ class Qwen3TTSRunner(ModelRunner):
     def _complete_frames(self, seqs: list[Sequence], states: list[_RequestState],
                          cb0_embed: torch.Tensor) -> torch.Tensor:
         """Codebooks 1..15 of every pending frame: ``[B, 15]``."""
-        params = [s.params for s in seqs]
+        params = [st.code_predictor for st in states]
         sample = [p.subtalker_do_sample for p in params]
         past_hidden = torch.cat([st.past_hidden for st in states], dim=0)
         if not any(sample):  # all greedy: one argmax per step (traced on CPU)
@@ -230,7 +227,7 @@ class Qwen3TTSRunner(ModelRunner):
         logits, hidden = self.exact.talker_decode(embeds, self.cache, slots, positions, self.rotary)
         for i, b in enumerate(rows):
             seq, st = seqs[b], states[b]
-            tokens[b] = self._select_cb0(logits[i:i + 1], st.generated, seq.params, seq.generator)
+            tokens[b] = self._select_cb0(logits[i:i + 1], st.generated, seq)
             st.past_hidden = hidden[i:i + 1]
 
     # -- static step (CUDA graphs)
@@ -261,6 +258,7 @@ class Qwen3TTSRunner(ModelRunner):
         """Harmless inputs for rows no request owns (capture warm-up)."""
         self.static.position[:size].zero_()
         self.static.generated[:size].zero_()
+        self.static.ban_eos[:size].zero_()
         self._row_owner[:size] = [None] * size
 
     def _decode_static(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[Optional[int]]]:
@@ -269,23 +267,26 @@ class Qwen3TTSRunner(ModelRunner):
         size = self.graphs.bucket(rows)
         position = [0] * size      # idle rows write into position 0 of their own (unused) slot
         generated = [0] * size
+        ban_eos = [False] * size
         texts, text_rows, sample = [], [], False
         for seq in seqs:
             st: _RequestState = seq.state
             b, p = seq.slot, seq.params
             if self._row_owner[b] is not seq:
-                static.set_row(b, st.pending, st.past_hidden, st.generated, p, seq.seed)
+                static.set_row(b, st.pending, st.past_hidden, st.generated, p, st.code_predictor, seq.seed)
                 self._row_owner[b] = seq
             t = st.frame
             pos = st.prefill_length + t
             position[b] = pos if pos < self.max_model_len else 0   # such a row ends this step anyway
             generated[b] = len(st.generated)
+            ban_eos[b] = seq.ban_eos
             texts.append(st.trailing_text[t:t + 1] if t < st.trailing_text.shape[0] else st.tts_pad)
             text_rows.append(b)
-            sample = sample or bool(p.do_sample or p.subtalker_do_sample)
+            sample = sample or bool(p.do_sample or st.code_predictor.subtalker_do_sample)
         device = static.device
         static.position[:size].copy_(torch.tensor(position, dtype=torch.long))
         static.generated[:size].copy_(torch.tensor(generated, dtype=torch.long))
+        static.ban_eos[:size].copy_(torch.tensor(ban_eos, dtype=torch.bool))
         static.text.index_copy_(0, torch.tensor(text_rows, dtype=torch.long, device=device),
                                 torch.stack(texts).to(static.text.dtype))
         length = self.lengths[bisect.bisect_right(self.lengths, max(position))]  # > every position
@@ -294,10 +295,10 @@ class Qwen3TTSRunner(ModelRunner):
         rows = [result[seq.slot] for seq in seqs]
         return [row[:-1] for row in rows], [row[-1] for row in rows]
 
-    def _select_cb0(self, logits: torch.Tensor, generated: list[int], params: SamplingParams,
-                    generator: torch.Generator) -> int:
-        scores = self.rules.apply(logits, generated, params.repetition_penalty, params.min_new_tokens)
-        return select(scores, params.do_sample, params.temperature, params.top_k, params.top_p, generator)
+    def _select_cb0(self, logits: torch.Tensor, generated: list[int], seq: Sequence) -> int:
+        params = seq.params
+        scores = self.rules.apply(logits, generated, params.repetition_penalty, seq.ban_eos)
+        return select(scores, params.do_sample, params.temperature, params.top_k, params.top_p, seq.generator)
 
 
 def create_engine(checkpoint: Qwen3TTSCheckpoint | str, max_num_seqs: int = 8, max_model_len: int = 2048,

@@ -22,9 +22,9 @@ batch-size bucket and replayed:
    cache up to the batch's furthest position rounded up, not the whole ``max_model_len``;
    grouped-query heads are folded into the query length, so the cache is never copied);
 4. the codebook-0 processors, the engine's :class:`~omni_backend.engine.sampling.TokenRules`
-   applied to the whole batch at once (repetition penalty over a per-slot ``seen`` mask,
-   min-new-tokens, suppressed ids), and selection; ``pending`` / ``hidden`` / ``seen`` are
-   updated in place for the next step.
+   applied to the whole batch at once (repetition penalty over a per-slot ``seen`` mask, eos
+   where the engine bans it (``ban_eos``: min_new_tokens), suppressed ids), and selection;
+   ``pending`` / ``hidden`` / ``seen`` are updated in place for the next step.
 
 The layers are :class:`~.decode.Qwen3Decode`'s with the :class:`GraphSafeStatic` numerics:
 plain batched torch (no :class:`~.exact_step.BatchInvariantOps`). It is the GPU path, where
@@ -40,12 +40,14 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from omni_backend.engine import SamplingParams
 from omni_backend.engine.counter_rng import uniform
 from omni_backend.engine.kv_cache import StaticKVCache
 from omni_backend.engine.sampling import TokenRules
 
 from .decode import DecodeNumerics, LayerWeights, Qwen3Decode, signed_sin
 from .layers import TalkerRotary
+from .sampling_params import Qwen3SamplingParams
 
 __all__ = ["GraphSafeStatic", "GraphSafeStaticStep", "length_buckets", "SHORTEST_LENGTH_BUCKET"]
 
@@ -126,7 +128,7 @@ class GraphSafeStaticStep:
         self.top_k = torch.zeros(2, rows, **long)
         self.top_p = torch.ones(2, rows, **f32)
         self.penalty = torch.ones(rows, **f32)
-        self.min_new = torch.zeros(rows, **long)
+        self.ban_eos = torch.zeros(rows, dtype=torch.bool, device=device)  # the engine's, set every step
         # sampling noise: a request's seed; the draw counter is ``generated`` (one more per frame)
         self.seed = torch.zeros(rows, **long)
         self.cp_noise_index = torch.arange(self.num_steps * self.cp_vocab, **long)
@@ -135,10 +137,11 @@ class GraphSafeStaticStep:
         self.codes = torch.zeros(rows, 1 + self.num_steps + 1, **long)    # frame (16) + next codebook 0
 
     # ------------------------------------------------------------------ host side
-    def set_row(self, row: int, pending: int, hidden: torch.Tensor, generated: list[int], params,
-                seed: int = 0) -> None:
+    def set_row(self, row: int, pending: int, hidden: torch.Tensor, generated: list[int], params: SamplingParams,
+                code_predictor: Qwen3SamplingParams, seed: int = 0) -> None:
         """A request entered ``row`` (its slot): its first pending token, prefill hidden state,
-        processors' history, sampling parameters and seed."""
+        processors' history, sampling parameters (the talker's, and the code predictor's with
+        ``subtalker_do_sample`` resolved) and seed."""
         self.pending[row] = pending
         self.seed[row] = int(seed)
         self.hidden[row].copy_(hidden.reshape(1, -1))
@@ -146,15 +149,15 @@ class GraphSafeStaticStep:
         if generated:
             self.seen[row, torch.tensor(generated, dtype=torch.long, device=self.device)] = True
         self.do_sample[0, row] = bool(params.do_sample)
-        self.do_sample[1, row] = bool(params.subtalker_do_sample)
+        self.do_sample[1, row] = bool(code_predictor.subtalker_do_sample)
         self.temperature[0, row] = float(params.temperature or 1.0)
-        self.temperature[1, row] = float(params.subtalker_temperature or 1.0)
+        self.temperature[1, row] = float(code_predictor.subtalker_temperature or 1.0)
         self.top_k[0, row] = int(params.top_k or 0)
-        self.top_k[1, row] = int(params.subtalker_top_k or 0)
+        self.top_k[1, row] = int(code_predictor.subtalker_top_k or 0)
         self.top_p[0, row] = float(params.top_p if params.top_p is not None else 1.0)
-        self.top_p[1, row] = float(params.subtalker_top_p if params.subtalker_top_p is not None else 1.0)
+        self.top_p[1, row] = float(code_predictor.subtalker_top_p if code_predictor.subtalker_top_p is not None
+                                   else 1.0)
         self.penalty[row] = float(params.repetition_penalty)
-        self.min_new[row] = int(params.min_new_tokens)
 
     # ------------------------------------------------------------------ the captured step
     def run(self, batch: int, sample: bool = True, length: Optional[int] = None) -> None:
@@ -211,14 +214,13 @@ class GraphSafeStaticStep:
         return self.decode.talker(self.numerics, embeds, cos, sin, attend)
 
     def _processors(self, batch: int, scores: torch.Tensor) -> torch.Tensor:
-        """``TokenRules.apply`` for every row at once: repetition penalty (``seen``),
-        min-new-tokens and suppressed ids, with the rules' masks."""
+        """``TokenRules.apply`` for every row at once: repetition penalty (``seen``), eos where
+        ``ban_eos`` and suppressed ids, with the rules' masks."""
         penalty = self.penalty[:batch].view(-1, 1)
         penalized = torch.where(scores < 0, scores * penalty, scores / penalty)
         scores = torch.where(self.seen[:batch], penalized, scores)
         if self.rules.eos_mask is not None:
-            too_early = self.generated[:batch].view(-1, 1) < self.min_new[:batch].view(-1, 1)
-            scores = scores.masked_fill(self.rules.eos_mask & too_early, -math.inf)
+            scores = scores.masked_fill(self.rules.eos_mask & self.ban_eos[:batch].view(-1, 1), -math.inf)
         if self.rules.suppress_mask is not None:
             scores = scores.masked_fill(self.rules.suppress_mask, -math.inf)
         return scores

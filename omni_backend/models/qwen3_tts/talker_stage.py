@@ -26,11 +26,9 @@ from omni_backend.engine import AsyncEngine, SamplingParams
 from omni_backend.errors import PipelineError
 from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
 from omni_backend.models.qwen3_tts.runner import create_engine
+from omni_backend.models.qwen3_tts.sampling_params import code_predictor_params, sampling_params_from_request
 from omni_backend.triton.decoupled import StreamContext
 from omni_backend.triton.stage import StageModel
-
-# What a request may set (the adapter's names); min_new_tokens is a deploy default only.
-SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} - {"seed", "min_new_tokens"}
 
 
 class Qwen3TalkerStage(StageModel):
@@ -43,9 +41,12 @@ class Qwen3TalkerStage(StageModel):
                                max_prefills_per_step=sd.max_prefills_per_step)
         self.builder = engine.runner.checkpoint.prompt_builder()
         # Deploy-level sampling defaults (every key of default_sampling_params, and the code
-        # predictor's from options) override the checkpoint's generation_config.json.
-        overrides = {**sd.default_sampling_params, **{k: v for k, v in sd.options.items() if v is not None}}
-        self.default_params = dataclasses.replace(engine.default_params, **overrides).validate()
+        # predictor's subtalker_* from options) override the checkpoint's generation_config.json.
+        defaults = engine.default_params
+        code_predictor = dataclasses.replace(defaults.extra, **{k: v for k, v in sd.options.items() if v is not None})
+        self.default_params = dataclasses.replace(defaults, extra=code_predictor,
+                                                  **sd.default_sampling_params).validate()
+        code_predictor_params(self.default_params)   # a bad deploy value fails the load, not each request
         self.engine = AsyncEngine(engine)
         checkpoint = engine.runner.checkpoint
         self.voice_encoder = None
@@ -90,8 +91,7 @@ class Qwen3TalkerStage(StageModel):
                                 ref_text=request.get("ref_text"))
 
     def sampling_params(self, request: dict[str, Any]) -> SamplingParams:
-        values = {k: request[k] for k in SAMPLING_FIELDS if request.get(k) is not None}
-        return dataclasses.replace(self.default_params, seed=request.get("seed"), **values)
+        return sampling_params_from_request(self.default_params, request)
 
     async def generate(self, ctx: StreamContext, request: dict[str, Any],
                        inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
