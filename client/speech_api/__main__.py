@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from client.speech_api.app import create_app
+    from omni_backend.glibc_heaps import bound_malloc_retention
+
+    # request handlers and encoder threads: each would keep a glibc heap at its own peak
+    bound_malloc_retention()
 
     config = ShimConfig(tritons=args.triton or ["localhost:8001"], api_keys=load_api_keys(args.api_key),
                         max_streams_per_pipeline=args.max_streams_per_pipeline,

@@ -24,6 +24,7 @@ import triton_python_backend_utils as pb_utils
 from omni_backend.deploy import parse_deploy
 from omni_backend.errors import Unavailable
 from omni_backend.families import import_path, pipeline_for
+from omni_backend.glibc_heaps import bound_malloc_retention
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
 from omni_backend.triton.stage_liveness import StageLiveness
@@ -34,6 +35,7 @@ STAGE_PING_TIMEOUT_S = 2.5   # under the supervisor's own 3 s, so the answer nam
 
 class PipelineEntry(DecoupledModel):
     def setup(self) -> None:
+        bound_malloc_retention()   # dozens of BLS threads: each would keep a glibc heap at its peak
         self.pipeline = pipeline_for(self.parameters)
         self.deploy = parse_deploy(self.param_json("deploy"), f"{self.model_name}/config.pbtxt")
         self.model_path = self.parameters.get("model") or self.pipeline.default_model

@@ -13,35 +13,14 @@ synthesises on its own `max_concurrent` threads, and a process that synthesises 
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import numpy as np
 
+from omni_backend.glibc_heaps import bound_malloc_retention  # noqa: F401 - the voice's process calls it
+
 SAMPLE_RATE = 24000
-LARGE_BUFFER_BYTES = 4 << 20
-MALLOC_HEAPS = 2
-_M_MMAP_THRESHOLD = -3      # glibc's mallopt parameter numbers (malloc.h)
-_M_ARENA_MAX = -8
-
-
-def bound_malloc_retention(large_buffer_bytes: int = LARGE_BUFFER_BYTES, heaps: int = MALLOC_HEAPS) -> bool:
-    """Process-wide glibc settings for a process that synthesises (call it before the voice).
-
-    Buffers of `large_buffer_bytes` and more get their own mmap, so freeing one returns it to
-    the OS at once (a fixed threshold also stops glibc raising it to 32 MiB). Such buffers are few
-    per sentence: thread CPU time for 40 sentences 3.34 -> 3.41 s (at 256 KiB: +35%).
-    At most `heaps` malloc heaps (glibc's default is 8 per core): each heap keeps its own
-    high-water mark of the medium buffers, one per synthesising thread otherwise; 16 varied
-    streams on 8 threads: +512 -> +230 MB, same CPU time. False where the C library has no
-    mallopt (not glibc)."""
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, int(large_buffer_bytes))) & bool(mallopt(_M_ARENA_MAX, int(heaps)))
 
 
 class HibariVoice:

@@ -1,0 +1,33 @@
+"""How much freed memory glibc keeps: bounded for long-running processes with many threads.
+
+glibc gives each thread that allocates a heap of its own (up to 8 per core), and every heap keeps
+its own high-water mark of freed medium buffers; after a large free it also raises its mmap
+threshold to 32 MiB, so big buffers land in those heaps too. A server process with dozens of
+threads (request handlers, BLS readers, encoders) thus keeps the peak of every thread's work.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+LARGE_BUFFER_BYTES = 4 << 20
+MALLOC_HEAPS = 2
+_M_MMAP_THRESHOLD = -3      # glibc's mallopt parameter numbers (malloc.h)
+_M_ARENA_MAX = -8
+
+
+def bound_malloc_retention(large_buffer_bytes: int = LARGE_BUFFER_BYTES, heaps: int = MALLOC_HEAPS) -> bool:
+    """Process-wide glibc settings for a long-running process (call it early).
+
+    Buffers of `large_buffer_bytes` and more get their own mmap, so freeing one returns it to
+    the OS at once (a fixed threshold also stops glibc raising it to 32 MiB). Such buffers are few
+    per sentence: thread CPU time for 40 sentences 3.34 -> 3.41 s (at 256 KiB: +35%).
+    At most `heaps` malloc heaps (glibc's default is 8 per core): each heap keeps its own
+    high-water mark of the medium buffers, one per synthesising thread otherwise; 16 varied
+    streams on 8 threads: +512 -> +230 MB, same CPU time. False where the C library has no
+    mallopt (not glibc)."""
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(large_buffer_bytes))) & bool(mallopt(_M_ARENA_MAX, int(heaps)))
