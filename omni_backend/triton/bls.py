@@ -74,14 +74,18 @@ class StageStream:
 
     async def __aiter__(self) -> AsyncIterator[dict[str, np.ndarray]]:
         loop = asyncio.get_running_loop()
+        # Shielded: cancelling the reader must not cancel these futures. A cancelled executor
+        # future is done at once while its thread still runs `next()`, and aclose() would then
+        # drain the iterator from a second thread (two threads on one BLS iterator stalled a
+        # whole entry process for 20 s under overload).
         self._starting = loop.run_in_executor(
             self.executor, _start, self.model_name, self.inputs, self.outputs, self.request_id)
-        self._it = await self._starting
+        self._it = await asyncio.shield(self._starting)
         while True:
             if self._done:  # aclose() took over the iterator while it was being opened
                 return
             self._pending = loop.run_in_executor(self.executor, next, self._it, None)
-            resp = await self._pending
+            resp = await asyncio.shield(self._pending)
             self._pending = None
             if self.liveness is not None and resp is not None:
                 self.liveness.answered(self.model_name)
