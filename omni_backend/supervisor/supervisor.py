@@ -35,6 +35,10 @@ log = logging.getLogger("omni.supervisor")
 PR_SET_PDEATHSIG = 1
 TICK_S = 0.25        # how often stub processes are checked for life
 SLOW_BEAT_S = 2.0    # a heartbeat older than this is logged (how starved the stubs are)
+# A stale heartbeat means a stuck stub only while some other stub beats this recently: under a
+# starved host every beat is late, unevenly (seen: 111 s beside a freshest of 25 s), and a
+# reload there only adds work.
+FRESH_BEAT_S = 5.0
 
 
 def _die_with_parent() -> None:
@@ -181,9 +185,9 @@ class Supervisor:
     def _check_stubs(self) -> None:
         """A stub that exited, was stopped, or whose heartbeat stopped is noticed here (Triton
         would only notice a dead one when a request reaches it, and would still call it ready).
-        A heartbeat is stuck only next to others that are not: when every stub's beat is old at
-        once, the host is starved (all stubs were seen 33 s behind together under overload),
-        and reloading would only add work."""
+        A heartbeat is stuck only next to others that beat on time (FRESH_BEAT_S): when every
+        stub's beat is late, the host is starved (all stubs were seen 33 s behind together, and
+        111 s beside a freshest 25 s, under overload), and reloading would only add work."""
         watched = [(state, stub, stubs.heartbeat_age(self.heartbeats, stub))
                    for state in self.states.values() if not state.healing for stub in state.stubs]
         ages = [age for _, _, age in watched if age is not None]
@@ -200,7 +204,7 @@ class Supervisor:
                 why = "exited"
             elif stubs.stopped(stub):
                 why = "is stopped"
-            elif age is not None and age - freshest > self.opts.stalled_secs:
+            elif age is not None and age > self.opts.stalled_secs and freshest <= FRESH_BEAT_S:
                 why = f"has not run its event loop for {age:.1f} s (others beat {freshest:.1f} s ago)"
             else:
                 if age is not None and age > slowest[0]:

@@ -145,6 +145,9 @@ def test_a_stub_that_exits_stops_or_stops_beating_is_healed_at_once(fake_stub, t
             os.utime(path, (time.time() - 30, time.time() - 30))
         sup._check_stubs()
         assert healed == [] and sup.starved
+        os.utime(other_beat, (time.time() - 25, time.time() - 25))   # starved unevenly: still no heal
+        sup._check_stubs()
+        assert healed == []
         other_beat.touch()                                            # one stub stuck beside a live one
         sup._check_stubs()
         assert healed and "has not run its event loop for 30" in healed[-1] and not sup.starved
