@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from omni_backend.glibc_heaps import bound_malloc_retention  # noqa: F401 - the voice's process calls it
+from omni_backend.glibc_heaps import bound_malloc_retention, release_free_memory  # noqa: F401
 
 SAMPLE_RATE = 24000
 
@@ -54,7 +54,13 @@ class HibariVoice:
         self.tts("Warm up.", seed=0)  # loads the G2P and the ONNX session's kernels
 
     def stream(self, text: str, voice: str = "heart", speed: float = 1.0, seed: int = 0) -> Iterator[np.ndarray]:
-        return self.tts.stream(text, speed=speed, seed=seed)
+        sentences = self.tts.stream(text, speed=speed, seed=seed)
+        try:
+            for audio in sentences:
+                release_free_memory()   # the sentence's buffers are free now: return them, not keep them
+                yield audio
+        finally:
+            sentences.close()
 
     def synthesize(self, text: str, speed: float = 1.0, seed: int = 0) -> np.ndarray:
         parts = list(self.stream(text, speed=speed, seed=seed))
