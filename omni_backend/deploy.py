@@ -12,6 +12,9 @@ from typing import Any
 
 import yaml
 
+from omni_backend.errors import InvalidRequest
+from omni_backend.pipeline import PipelineConfig
+
 DEPLOY_DIR = Path(__file__).resolve().parent.parent / "deploy"
 
 ENGINES = ("torch", "vllm")
@@ -211,29 +214,25 @@ def parse_deploy(raw: Any, source: str = "<dict>") -> DeployConfig:
     return cfg
 
 
-def check_options(cfg: DeployConfig, pipeline: Any) -> DeployConfig:
-    """Each stage's `options` against the knobs its family declares (StageConfig.options, a
-    tuple of omni_backend.adapters.base.Param): unknown keys and bad values are errors naming
-    the key; missing ones take the declared default. Also: no deploy for a stage that does
-    not exist."""
-    from omni_backend.errors import InvalidRequest
-
+def check_options(cfg: DeployConfig, pipeline: PipelineConfig) -> DeployConfig:
+    """Each listed stage's `options` against the knobs its family declares (StageConfig.options,
+    a tuple of omni_backend.adapters.base.Param): unknown keys and bad values are errors naming
+    the key; missing ones take the declared default. A stage the pipeline lacks is an error."""
     stages = {s.stage_id: s for s in pipeline.stages}
     for i, sd in enumerate(cfg.stages):
-        if sd.stage_id not in stages:
+        stage = stages.get(sd.stage_id)
+        if stage is None:
             raise _fail(cfg.source, f"stages[{i}].stage_id", f"pipeline {pipeline.name} has no stage {sd.stage_id}")
-    for stage in pipeline.stages:
-        sd = cfg.stage(stage.stage_id)
         declared = {p.name: p for p in stage.options}
-        where = f"stages[{stage.stage_id}].options"
         for key in sd.options:
             if key not in declared:
                 allowed = ", ".join(sorted(declared)) or "none"
-                raise _fail(cfg.source, f"{where}.{key}", f"unknown option of {stage.model_stage}; allowed: {allowed}")
+                raise _fail(cfg.source, f"stages[{i}].options.{key}",
+                            f"unknown option of {stage.model_stage}; allowed: {allowed}")
         try:
             sd.options = {name: p.check(sd.options.get(name)) for name, p in declared.items()}
         except InvalidRequest as e:
-            raise _fail(cfg.source, f"{where}.{e.field}", str(e).split(f"{e.field}: ", 1)[-1]) from None
+            raise _fail(cfg.source, f"stages[{i}].options.{e.field}", e.reason) from None
     return cfg
 
 

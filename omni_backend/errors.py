@@ -36,6 +36,7 @@ class InvalidRequest(PipelineError):
 
     def __init__(self, field: str, message: str):
         self.field = field
+        self.reason = message
         super().__init__(f"{field}: {message}")
 
 

@@ -10,8 +10,11 @@ Nothing here imports a family until a pipeline is asked for.
 from __future__ import annotations
 
 import importlib
+import json
 import sys
+from dataclasses import dataclass
 
+from omni_backend.deploy import DeployConfig, check_options, parse_deploy
 from omni_backend.pipeline import PipelineConfig
 
 BUILTIN_FAMILIES = (
@@ -75,9 +78,19 @@ def import_path(path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def pipeline_for(parameters: dict[str, str]) -> PipelineConfig:
-    """The pipeline a built model serves, from its config.pbtxt parameters (`pipeline`, and
-    `family` / `family_root` for a family outside BUILTIN_FAMILIES)."""
+@dataclass(frozen=True)
+class BuiltModel:
+    """What a model of a built repository serves, read from its config.pbtxt parameters."""
+    pipeline: PipelineConfig
+    deploy: DeployConfig
+    model_path: str | None        # the checkpoint (a folder or builtin:NAME)
+
+
+def built_model(parameters: dict[str, str], model_name: str) -> BuiltModel:
+    """From the parameters the builder wrote: `pipeline` (and `family` / `family_root` for a
+    family outside BUILTIN_FAMILIES), `deploy` (checked again, options included), `model`."""
     if parameters.get("family") and parameters["family"] not in BUILTIN_FAMILIES:
         load_family(parameters["family"], parameters.get("family_root") or None)
-    return get_pipeline(parameters["pipeline"])
+    pipeline = get_pipeline(parameters["pipeline"])
+    deploy = check_options(parse_deploy(json.loads(parameters["deploy"]), f"{model_name}/config.pbtxt"), pipeline)
+    return BuiltModel(pipeline, deploy, parameters.get("model") or pipeline.default_model)

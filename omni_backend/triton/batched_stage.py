@@ -14,9 +14,8 @@ from typing import Any, Hashable
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.deploy import check_options, parse_deploy
 from omni_backend.errors import PipelineError
-from omni_backend.families import pipeline_for
+from omni_backend.families import built_model
 from omni_backend.triton import stub_process
 
 Inputs = dict[str, np.ndarray]
@@ -29,12 +28,10 @@ class BatchedStage:
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         self.parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        self.pipeline = pipeline_for(self.parameters)
+        built = built_model(self.parameters, self.model_name)
+        self.pipeline, self.deploy, self.model_path = built.pipeline, built.deploy, built.model_path
         self.stage_config = self.pipeline.stages[int(self.parameters["stage_id"])]
-        self.deploy = check_options(parse_deploy(json.loads(self.parameters["deploy"]),
-                                                 f"{self.model_name}/config.pbtxt"), self.pipeline)
         self.stage_deploy = self.deploy.stage(self.stage_config.stage_id)
-        self.model_path = self.parameters.get("model") or self.pipeline.default_model
         self.load()
 
     def load(self) -> None:

@@ -37,6 +37,25 @@ def _start(model_name: str, inputs: list, outputs: list[str], request_id: str):
     return req.exec(decoupled=True)
 
 
+def _outputs(response, names: list[str]) -> dict[str, np.ndarray]:
+    out = {}
+    for name in names:
+        t = pb_utils.get_output_tensor_by_name(response, name)
+        if t is not None:
+            out[name] = t.as_numpy().copy()
+    return out
+
+
+def call_stage(model_name: str, inputs: list, outputs: list[str], request_id: str) -> dict[str, np.ndarray]:
+    """One request to a non-decoupled (batched) stage, one answer (blocking; raises StageFailed)."""
+    request = pb_utils.InferenceRequest(model_name=model_name, requested_output_names=outputs,
+                                        request_id=request_id, inputs=inputs)
+    response = request.exec()
+    if response.has_error():
+        raise StageFailed(response.error().message(), model_name)
+    return _outputs(response, outputs)
+
+
 def _drain(it) -> None:
     for _ in it:
         pass
@@ -98,11 +117,7 @@ class StageStream:
                 self._done = True
                 _drain_quietly(self._it)
                 raise StageFailed(resp.error().message(), self.model_name)
-            out = {}
-            for name in self.outputs:
-                t = pb_utils.get_output_tensor_by_name(resp, name)
-                if t is not None:
-                    out[name] = t.as_numpy().copy()
+            out = _outputs(resp, self.outputs)
             if out:
                 yield out
 

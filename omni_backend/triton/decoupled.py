@@ -125,9 +125,6 @@ class DecoupledModel:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def param_json(self, key: str) -> Any:
-        return json.loads(self.parameters.get(key) or "null")
-
     def setup(self) -> None:
         pass
 

@@ -21,9 +21,8 @@ from typing import Any, AsyncIterator
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.deploy import parse_deploy
 from omni_backend.errors import Unavailable
-from omni_backend.families import import_path, pipeline_for
+from omni_backend.families import built_model, import_path
 from omni_backend.glibc_heaps import bound_malloc_retention
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
@@ -36,9 +35,8 @@ STAGE_PING_TIMEOUT_S = 2.5   # under the supervisor's own 3 s, so the answer nam
 class PipelineEntry(DecoupledModel):
     def setup(self) -> None:
         bound_malloc_retention()   # dozens of BLS threads: each would keep a glibc heap at its peak
-        self.pipeline = pipeline_for(self.parameters)
-        self.deploy = parse_deploy(self.param_json("deploy"), f"{self.model_name}/config.pbtxt")
-        self.model_path = self.parameters.get("model") or self.pipeline.default_model
+        built = built_model(self.parameters, self.model_name)
+        self.pipeline, self.deploy, self.model_path = built.pipeline, built.deploy, built.model_path
         self.adapter = import_path(self.pipeline.adapter).from_model(self.model_path)
         self.sample_rate = self.pipeline.sample_rate
         self.metrics = PipelineMetrics(self.pipeline.name)

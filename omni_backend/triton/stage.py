@@ -13,22 +13,19 @@ from typing import Any, AsyncIterator
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.deploy import check_options, parse_deploy
 from omni_backend.errors import InvalidRequest
-from omni_backend.families import pipeline_for
+from omni_backend.families import built_model
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import StageMetrics
 
 
 class StageModel(DecoupledModel):
     def setup(self) -> None:
-        self.pipeline = pipeline_for(self.parameters)
+        built = built_model(self.parameters, self.model_name)
+        self.pipeline, self.deploy, self.model_path = built.pipeline, built.deploy, built.model_path
         self.stage_id = int(self.parameters["stage_id"])
         self.stage_config = self.pipeline.stages[self.stage_id]
-        self.deploy = check_options(parse_deploy(self.param_json("deploy"), f"{self.model_name}/config.pbtxt"),
-                                    self.pipeline)
         self.stage_deploy = self.deploy.stage(self.stage_id)
-        self.model_path = self.parameters.get("model") or self.pipeline.default_model
         self.by_request_id: dict[str, StreamContext] = {}
         self.metrics = StageMetrics(self.model_name)
         self.metrics.active.set(0)   # a reloaded stage starts from the truth, not the dead one's count

@@ -19,7 +19,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.deploy import DeployConfig
 from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
-from omni_backend.triton.bls import StageFailed, StageStream, ping_stage
+from omni_backend.triton.bls import StageStream, call_stage, ping_stage
 from omni_backend.triton.decoupled import StreamContext, bytes_tensor
 
 if TYPE_CHECKING:
@@ -27,24 +27,11 @@ if TYPE_CHECKING:
 
 Outputs = dict[str, np.ndarray]
 
-def _tensor(spec: TensorSpec | None, name: str, value: Any) -> "pb_utils.Tensor":
-    if spec is not None and spec.dtype == "STRING":
-        return bytes_tensor(name, value) if isinstance(value, (str, bytes)) else pb_utils.Tensor(name, value)
-    return pb_utils.Tensor(name, np.ascontiguousarray(value, dtype=None if spec is None else spec.numpy_dtype))
 
-
-def _call_once(model_name: str, inputs: list, outputs: list[str], request_id: str) -> Outputs:
-    request = pb_utils.InferenceRequest(model_name=model_name, requested_output_names=outputs,
-                                        request_id=request_id, inputs=inputs)
-    response = request.exec()
-    if response.has_error():
-        raise StageFailed(response.error().message(), model_name)
-    out = {}
-    for name in outputs:
-        t = pb_utils.get_output_tensor_by_name(response, name)
-        if t is not None:
-            out[name] = t.as_numpy().copy()
-    return out
+def _tensor(spec: TensorSpec, value: Any) -> "pb_utils.Tensor":
+    if spec.dtype == "STRING" and isinstance(value, (str, bytes)):
+        return bytes_tensor(spec.name, value)
+    return pb_utils.Tensor(spec.name, np.ascontiguousarray(value, dtype=spec.numpy_dtype))
 
 
 class StageCall:
@@ -64,7 +51,7 @@ class StageCall:
         unknown = set(tensors) - set(self._specs)
         if unknown:
             raise ValueError(f"{self.model_name} declares no inputs {sorted(unknown)}")
-        return [_tensor(self._specs[name], name, value) for name, value in tensors.items()]
+        return [_tensor(self._specs[name], value) for name, value in tensors.items()]
 
     def stream(self, tensors: dict[str, Any] | None = None, request: dict[str, Any] | None = None) -> StageStream:
         """Open a stream on a stream stage; closed with the client's request at the latest."""
@@ -83,7 +70,7 @@ class StageCall:
         rid = f"{self.request_id}-w{self._calls}"
         self._calls += 1
         out = await self.wait(self.entry.run_blocking(
-            _call_once, self.model_name, self._inputs(tensors), [t.name for t in self.stage.outputs], rid))
+            call_stage, self.model_name, self._inputs(tensors), [t.name for t in self.stage.outputs], rid))
         self.entry.liveness.answered(self.model_name)
         return out
 
@@ -98,9 +85,8 @@ async def ping(entry: "PipelineEntry", stage: StageConfig, request_id: str) -> N
     if stage.kind == "stream":
         await entry.run_blocking(ping_stage, name, request_id)
         return
-    inputs = [_tensor(spec, spec.name, spec.empty(batched=True)) for spec in stage.inputs]
-    await entry.run_blocking(_call_once, name, inputs, [t.name for t in stage.outputs], request_id)
-    entry.liveness.answered(name)
+    inputs = [_tensor(spec, spec.empty(batched=True)) for spec in stage.inputs]
+    await entry.run_blocking(call_stage, name, inputs, [t.name for t in stage.outputs], request_id)
 
 
 class Transfer:

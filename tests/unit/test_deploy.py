@@ -77,7 +77,7 @@ def test_yaml_errors_name_the_file(tmp_path: Path):
     ([{"stage_id": 0, "options": {"subtalker_temprature": 0.5}}], "stages[0].options.subtalker_temprature"),
     ([{"stage_id": 0, "options": {"subtalker_top_k": -1}}], "stages[0].options.subtalker_top_k"),
     ([{"stage_id": 0, "options": {"subtalker_do_sample": "yes"}}], "stages[0].options.subtalker_do_sample"),
-    ([{"stage_id": 1, "options": {"subtalker_top_k": 5}}], "stages[1].options.subtalker_top_k"),  # code2wav has none
+    ([{"stage_id": 1, "options": {"subtalker_top_k": 5}}], "stages[0].options.subtalker_top_k"),  # code2wav has none
     ([{"stage_id": 5}], "stages[0].stage_id"),
 ])
 def test_family_options_are_checked_against_the_stage(stages, key):

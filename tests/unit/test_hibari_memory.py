@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import json, random
-from omni_backend.models.hibari import HibariVoice, bound_malloc_retention
+from omni_backend.glibc_heaps import bound_malloc_retention
+from omni_backend.models.hibari import HibariVoice
 
 def rss_mb():
     for line in open("/proc/self/status"):

@@ -9,7 +9,7 @@ large free, so big buffers land in those heaps too). Unbounded, that resident se
 new peak of (concurrent syntheses x sentence length): 201 -> 1,237 MB over 640 requests of 16
 streams on 16 threads, in-process. So the voice runs its session without the arena and
 synthesises on its own `max_concurrent` threads, and a process that synthesises calls
-`bound_malloc_retention()` first; tests/unit/test_hibari_memory.py holds it.
+`omni_backend.glibc_heaps.bound_malloc_retention()` first; tests/unit/test_hibari_memory.py holds it.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from omni_backend.glibc_heaps import bound_malloc_retention, release_free_memory  # noqa: F401
+from omni_backend.glibc_heaps import release_free_memory
 
 SAMPLE_RATE = 24000
 

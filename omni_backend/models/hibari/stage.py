@@ -8,7 +8,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import Cancelled, InvalidRequest
-from omni_backend.models.hibari import HibariVoice, bound_malloc_retention
+from omni_backend.glibc_heaps import bound_malloc_retention
+from omni_backend.models.hibari import HibariVoice
 from omni_backend.triton.decoupled import StreamContext
 from omni_backend.triton.stage import StageModel
 
