@@ -66,6 +66,9 @@ class StageConfig:
     # The family's own deploy knobs for this stage (`stages[i].options` in the deploy YAML), as
     # omni_backend.adapters.base.Param: checked at build and load, defaults filled in.
     options: tuple = ()
+    # The AR engines that can run this stage (`stages[i].engine` in the deploy YAML): "vllm" only
+    # for a plain causal LM over one token vocabulary (omni_backend/engine/vllm_engine.py).
+    engines: tuple[str, ...] = ("torch",)
 
     @property
     def takes_request(self) -> bool:
