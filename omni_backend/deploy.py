@@ -18,6 +18,9 @@ from omni_backend.pipeline import PipelineConfig
 DEPLOY_DIR = Path(__file__).resolve().parent.parent / "deploy"
 
 ENGINES = ("torch", "vllm")
+# Keys only one engine reads: given for a stage on the other engine they are errors, not ignored.
+ENGINE_ONLY_KEYS = {"torch": ("max_prefills_per_step", "batch_invariant"),
+                    "vllm": ("block_size", "gpu_memory_utilization")}
 DTYPES = ("float32", "bfloat16", "float16")
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "repetition_penalty", "do_sample",
                  "max_new_tokens", "min_new_tokens")
@@ -59,15 +62,34 @@ class StageDeploy:
     cuda_graph_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     max_batch_size: int = 8        # Triton dynamic batching for stateless stages
     max_queue_delay_us: int = 2000
+    # vLLM only: tokens per KV-cache block (a multiple of 32 on CPU, whose attention needs it; of
+    # 16 on GPU), and the share of the GPU's memory vLLM takes for weights and KV cache (GPU only)
+    block_size: int | None = None
+    gpu_memory_utilization: float | None = None
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     # The family's own knobs for this stage (StageConfig.options declares them; check_options)
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolve(self) -> "StageDeploy":
-        """Settle the defaults that depend on the device: batch_invariant is on for CPU."""
-        if self.batch_invariant is None:
+        """Settle the defaults that depend on the device and engine: batch_invariant is on for
+        CPU (torch); vLLM's block size is 128 on CPU (its CPU default), 16 on GPU."""
+        if self.engine == "torch" and self.batch_invariant is None:
             self.batch_invariant = self.device == "cpu"
+        if self.engine == "vllm":
+            if self.block_size is None:
+                self.block_size = 128 if self.device == "cpu" else 16
+            if self.gpu_memory_utilization is None and self.device != "cpu":
+                self.gpu_memory_utilization = 0.9
         return self
+
+    def to_dict(self) -> dict:
+        """The keys this stage's engine reads (what the builder writes; parse_deploy reads it back)."""
+        d = asdict(self)
+        for engine, keys in ENGINE_ONLY_KEYS.items():
+            for k in keys:
+                if engine != self.engine or d[k] is None:
+                    d.pop(k)
+        return d
 
 
 @dataclass
@@ -88,6 +110,7 @@ class DeployConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("source")
+        d["stages"] = [s.to_dict() for s in self.stages]
         return d
 
 
@@ -171,11 +194,25 @@ def _stage(src: str, prefix: str, raw: Any) -> StageDeploy:
             if not isinstance(v, list) or not v:
                 raise _fail(src, key, f"must be a non-empty list of integers, got {v!r}")
             s.cuda_graph_sizes = sorted({_int(src, f"{key}[{i}]", x, 1) for i, x in enumerate(v)})
+        elif k == "block_size":
+            s.block_size = _int(src, key, v, 1)
+        elif k == "gpu_memory_utilization":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise _fail(src, key, f"must be a number in (0, 1], got {v!r}")
+            s.gpu_memory_utilization = float(v)
         else:
             setattr(s, k, _sampling(src, key, v))
+    # Checks across keys, once the engine and device are known whatever the keys' order.
+    for engine, keys in ENGINE_ONLY_KEYS.items():
+        for k in keys:
+            if k in raw and engine != s.engine:
+                raise _fail(src, prefix + k, f"applies to engine: {engine} only; this stage runs engine: {s.engine}")
+    if s.block_size is not None and s.block_size % (32 if s.device == "cpu" else 16):
+        raise _fail(src, prefix + "block_size",
+                    f"must be a multiple of {32 if s.device == 'cpu' else 16} on {s.device}, got {s.block_size}")
+    if "gpu_memory_utilization" in raw and s.device == "cpu":
+        raise _fail(src, prefix + "gpu_memory_utilization", "applies to a GPU device only; this stage runs on cpu")
     s.resolve()   # so the built repository states it
-    if s.engine == "vllm":   # rejected, not silently run on the torch engine
-        raise _fail(src, prefix + "engine", "vllm is not available for any stage yet; use engine: torch")
     return s
 
 
@@ -217,12 +254,16 @@ def parse_deploy(raw: Any, source: str = "<dict>") -> DeployConfig:
 def check_options(cfg: DeployConfig, pipeline: PipelineConfig) -> DeployConfig:
     """Each listed stage's `options` against the knobs its family declares (StageConfig.options,
     a tuple of omni_backend.adapters.base.Param): unknown keys and bad values are errors naming
-    the key; missing ones take the declared default. A stage the pipeline lacks is an error."""
+    the key; missing ones take the declared default. A stage the pipeline lacks is an error, and
+    so is an engine the stage does not list (StageConfig.engines): never silently run on another."""
     stages = {s.stage_id: s for s in pipeline.stages}
     for i, sd in enumerate(cfg.stages):
         stage = stages.get(sd.stage_id)
         if stage is None:
             raise _fail(cfg.source, f"stages[{i}].stage_id", f"pipeline {pipeline.name} has no stage {sd.stage_id}")
+        if sd.engine not in stage.engines:
+            raise _fail(cfg.source, f"stages[{i}].engine",
+                        f"{stage.model_stage} runs on engine {', '.join(stage.engines)} only, got {sd.engine}")
         declared = {p.name: p for p in stage.options}
         for key in sd.options:
             if key not in declared:

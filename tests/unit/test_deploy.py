@@ -43,7 +43,20 @@ def test_batch_invariant_defaults_to_the_device():
     ({"pipeline": "p", "stages": [{"max_num_seqs": 0}]}, "stages[0].max_num_seqs"),
     ({"pipeline": "p", "stages": [{"max_num_seqs": 2.5}]}, "stages[0].max_num_seqs"),
     ({"pipeline": "p", "stages": [{"engine": "tensorrt"}]}, "stages[0].engine"),
-    ({"pipeline": "p", "stages": [{"engine": "vllm"}]}, "stages[0].engine"),
+    ({"pipeline": "p", "stages": [{"engine": "vllm", "max_prefills_per_step": 2}]}, "stages[0].max_prefills_per_step"),
+    ({"pipeline": "p", "stages": [{"batch_invariant": True, "engine": "vllm"}]}, "stages[0].batch_invariant"),
+    ({"pipeline": "p", "stages": [{"block_size": 32}]}, "stages[0].block_size"),
+    ({"pipeline": "p", "stages": [{"gpu_memory_utilization": 0.5, "device": "cuda"}]},
+     "stages[0].gpu_memory_utilization"),
+    ({"pipeline": "p", "stages": [{"engine": "vllm", "block_size": 48}]}, "stages[0].block_size"),
+    ({"pipeline": "p", "stages": [{"engine": "vllm", "block_size": 0}]}, "stages[0].block_size"),
+    ({"pipeline": "p", "stages": [{"engine": "vllm", "device": "cuda", "block_size": 24}]}, "stages[0].block_size"),
+    ({"pipeline": "p", "stages": [{"engine": "vllm", "device": "cuda", "gpu_memory_utilization": 0}]},
+     "stages[0].gpu_memory_utilization"),
+    ({"pipeline": "p", "stages": [{"engine": "vllm", "device": "cuda", "gpu_memory_utilization": 1.5}]},
+     "stages[0].gpu_memory_utilization"),
+    ({"pipeline": "p", "stages": [{"engine": "vllm", "gpu_memory_utilization": 0.5}]},
+     "stages[0].gpu_memory_utilization"),
     ({"pipeline": "p", "stages": [{"device": "gpu"}]}, "stages[0].device"),
     ({"pipeline": "p", "stages": [{"dtype": "int4"}]}, "stages[0].dtype"),
     ({"pipeline": "p", "stages": [{"threads": True}]}, "stages[0].threads"),
@@ -62,6 +75,48 @@ def test_each_bad_key_gets_its_named_error(raw, key):
     with pytest.raises(DeployError) as e:
         parse_deploy(raw, "deploy/x.yaml")
     assert str(e.value).startswith(f"deploy/x.yaml: {key}:"), str(e.value)
+
+
+def test_vllm_stage_keys_and_defaults():
+    cfg = parse_deploy({"pipeline": "p", "stages": [
+        {"stage_id": 0, "engine": "vllm"},
+        {"stage_id": 1, "engine": "vllm", "device": "cuda", "block_size": 16, "gpu_memory_utilization": 0.5},
+        {"stage_id": 2, "engine": "vllm", "device": "cuda"},
+        {"stage_id": 3}]})
+    assert (cfg.stage(0).block_size, cfg.stage(0).gpu_memory_utilization) == (128, None)   # vLLM's CPU default
+    assert (cfg.stage(1).block_size, cfg.stage(1).gpu_memory_utilization) == (16, 0.5)
+    assert (cfg.stage(2).block_size, cfg.stage(2).gpu_memory_utilization) == (16, 0.9)
+    assert cfg.stage(3).block_size is None and cfg.stage(3).batch_invariant
+    # what the builder writes names only the keys each stage's engine reads, and reads back
+    stages = cfg.to_dict()["stages"]
+    assert "max_prefills_per_step" not in stages[0] and "batch_invariant" not in stages[0]
+    assert "gpu_memory_utilization" not in stages[0] and stages[1]["gpu_memory_utilization"] == 0.5
+    assert "block_size" not in stages[3] and stages[3]["batch_invariant"] is True
+    assert parse_deploy(cfg.to_dict()).to_dict() == cfg.to_dict()
+
+
+def _pipeline_with_engines(engines: tuple[str, ...]):
+    from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
+
+    return PipelineConfig(name="lm", family="toy", adapter="x.Adapter", default_deploy="lm", stages=(
+        StageConfig(0, "lm", "stream", "x.Stage", (TensorSpec("AUDIO", "FP32", (-1,)),), final_output=True,
+                    engines=engines),))
+
+
+def test_engine_must_be_one_the_stage_lists():
+    from omni_backend.deploy import check_options
+    from omni_backend.families import get_pipeline
+
+    cfg = parse_deploy({"pipeline": "qwen3_tts", "stages": [{"stage_id": 0, "engine": "vllm"}]}, "deploy/x.yaml")
+    with pytest.raises(DeployError) as e:
+        check_options(cfg, get_pipeline("qwen3_tts"))   # a multi-codebook talker: torch only
+    assert str(e.value).startswith("deploy/x.yaml: stages[0].engine: talker runs on engine torch only"), str(e.value)
+
+    vllm_cfg = parse_deploy({"pipeline": "lm", "stages": [{"stage_id": 0, "engine": "vllm"}]}, "deploy/x.yaml")
+    assert check_options(vllm_cfg, _pipeline_with_engines(("torch", "vllm"))).stage(0).engine == "vllm"
+    with pytest.raises(DeployError, match=r"^deploy/x.yaml: stages\[0\].engine: lm runs on engine vllm only"):
+        check_options(parse_deploy({"pipeline": "lm", "stages": [{"stage_id": 0}]}, "deploy/x.yaml"),
+                      _pipeline_with_engines(("vllm",)))
 
 
 def test_yaml_errors_name_the_file(tmp_path: Path):
