@@ -15,6 +15,8 @@ from client.triton_process import TritonProcess  # noqa: E402
 pytest_plugins = []
 if (ROOT / "tests" / "qwen3_fixtures.py").exists():
     pytest_plugins.append("tests.qwen3_fixtures")
+if (ROOT / "tests" / "orpheus_fixtures.py").exists():
+    pytest_plugins.append("tests.orpheus_fixtures")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,11 +8,9 @@ wins under a file lock, the others reuse it.
 """
 from __future__ import annotations
 
-import fcntl
-import os
-import shutil
-import tempfile
-from pathlib import Path
+from omni_backend.builtin_checkpoints import cache_root, written_once
+
+__all__ = ["BUILTIN", "cache_root", "resolve_checkpoint"]
 
 BUILTIN = {
     # name: (size, model type, seed)
@@ -20,10 +18,6 @@ BUILTIN = {
     "qwen3_tts_tiny_random_base": ("tiny", "base", 0),
 }
 _VERSION = "v1"  # bump when the writer changes what it writes
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("OMNI_CACHE_DIR", Path.home() / ".cache" / "omni-triton"))
 
 
 def resolve_checkpoint(model: str) -> str:
@@ -35,20 +29,9 @@ def resolve_checkpoint(model: str) -> str:
         raise ValueError(f"unknown built-in checkpoint {model!r}; known: "
                          f"{', '.join('builtin:' + n for n in BUILTIN)}")
     size, model_type, seed = BUILTIN[name]
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{name}-{_VERSION}"
-    if (target / ".complete").exists():
-        return str(target)
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / ".complete").exists():
-            from omni_backend.testing.qwen3_tts_random import write_random_checkpoint
 
-            tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
-            write_random_checkpoint(str(tmp), size, model_type, seed)
-            (tmp / ".complete").write_text("random weights: speaks noise\n")
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-    return str(target)
+    def write(folder) -> None:
+        from omni_backend.testing.qwen3_tts_random import write_random_checkpoint
+
+        write_random_checkpoint(str(folder), size, model_type, seed)
+    return written_once(name, _VERSION, write)

@@ -1,0 +1,94 @@
+"""Stage 0 of Orpheus: the Llama LM on the torch engine or on vLLM, streaming SNAC codes.
+
+Both engines take the prompt ids (:class:`.tokens.OrpheusPrompt`) and stream one event per
+generated token; the token rules (:class:`.tokens.CodeAssembler`) turn tokens into SNAC codes,
+and each response carries the codes made since the last one, CODES [n] (int64). A token that
+carries no code (text, control tokens) sends nothing.
+
+On vLLM the engine lives in its own worker process (omni_backend/engine/vllm_engine.py). If that
+worker dies, its streams end with ``unavailable:`` and this stage's stub exits, so the server's
+supervisor sees a dead stage: readiness turns false while it reloads the pipeline, which starts
+a fresh worker.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, AsyncIterator
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_backend.engine import AsyncEngine
+from omni_backend.errors import PipelineError
+from omni_backend.triton.decoupled import StreamContext
+from omni_backend.triton.stage import StageModel
+
+from .builtin import resolve_checkpoint
+from .sampling import default_params, params_from_request, stop_token_ids
+from .tokens import CodeAssembler, OrpheusPrompt
+
+logger = logging.getLogger(__name__)
+
+
+class OrpheusLMStage(StageModel):
+    def load(self) -> None:
+        sd = self.stage_deploy
+        path = resolve_checkpoint(self.model_path)
+        self.prompt = OrpheusPrompt(path)
+        self.tokens = self.prompt.tokens
+        eos = stop_token_ids(path, self.tokens.end_of_speech)
+        self.default_params = default_params(path, sd.default_sampling_params)
+        if sd.engine == "vllm":
+            from omni_backend.engine.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(path, vllm_options(sd), eos, on_worker_exit=self._worker_exited)
+            self.engine.start()
+        else:
+            from .runner import create_engine
+
+            self.engine = AsyncEngine(create_engine(path, eos, max_num_seqs=sd.max_num_seqs,
+                                                    max_model_len=sd.max_model_len, dtype=sd.dtype,
+                                                    device=sd.device, num_threads=sd.threads,
+                                                    default_params=self.default_params))
+
+    def _worker_exited(self, reason: str) -> None:
+        """The vLLM worker died: its streams have ended with `unavailable:`; this stage is dead too
+        (the supervisor reloads it, readiness false meanwhile)."""
+        logger.error("%s: the vLLM worker exited (%s); this stage exits so it is reloaded", self.model_name, reason)
+        os._exit(70)
+
+    async def generate(self, ctx: StreamContext, request: dict[str, Any],
+                       inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        prompt = self.prompt.ids(request["text"], request.get("voice"))
+        params = params_from_request(self.default_params, request)
+        stream = self.engine.add_request(ctx.stage_request_id, prompt, params)
+        ctx.resources.append(stream)
+        codes = CodeAssembler(self.tokens)
+        iterator = stream.__aiter__()
+        while True:
+            try:
+                event = await self.wait(ctx, iterator.__anext__())
+            except StopAsyncIteration:
+                return
+            if event.finish_reason == "error":
+                raise PipelineError(f"engine: {event.error}")
+            new = codes.feed(event.codes) if event.codes is not None else []
+            if new:
+                yield [pb_utils.Tensor("CODES", np.asarray(new, dtype=np.int64))]
+            if event.finished:
+                return
+
+    def on_cancel(self, ctx: StreamContext) -> None:
+        self.engine.cancel(ctx.stage_request_id)
+
+    def release_resources(self) -> None:
+        self.engine.close(timeout=2.0)
+
+
+def vllm_options(sd) -> dict[str, Any]:
+    """The deploy's engine settings as vLLM takes them."""
+    return {"max_num_seqs": sd.max_num_seqs, "max_model_len": sd.max_model_len, "dtype": sd.dtype,
+            "block_size": sd.block_size, "enforce_eager": sd.enforce_eager,
+            "cuda_graph_sizes": list(sd.cuda_graph_sizes), "gpu_memory_utilization": sd.gpu_memory_utilization,
+            "device": sd.device}

@@ -1,0 +1,33 @@
+"""Orpheus's edge LM -> SNAC: the released 4-frame windows, each decoded for one frame's audio.
+
+After every 7th code, from the 28th on, the last 28 codes (4 frames) go to the SNAC stage, which
+answers with the audio of the window's second frame (one frame of left context, two of right
+context; ``tokens_decoder`` / ``convert_to_audio`` in orpheus-speech). A window holding a code
+outside the codebook gives no audio, as there. Each window's decoder noise is seeded by the
+request's seed (0 when it has none) and the window's index, so audio is reproducible and
+independent of what the window is batched with.
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+import numpy as np
+
+from omni_backend.triton.transfer import Outputs, StageCall, Transfer
+
+from .snac import window_noise_seed
+from .tokens import WindowCutter
+
+
+class SnacWindows(Transfer):
+    async def run(self, request: dict[str, Any], sources: dict[int, AsyncIterator[Outputs]],
+                  stage: StageCall) -> AsyncIterator[Outputs]:
+        (source,) = sources.values()
+        seed = request.get("seed") or 0
+        cutter = WindowCutter()
+        async for out in source:
+            for index, window in cutter.add(out["CODES"].reshape(-1).tolist()):
+                answer = await stage.call({"CODES": np.asarray([window], dtype=np.int64),
+                                           "NOISE_SEED": np.asarray([[window_noise_seed(seed, index)]],
+                                                                    dtype=np.int64)})
+                yield {"AUDIO": answer["AUDIO"].reshape(-1)}
