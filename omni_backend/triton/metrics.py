@@ -25,6 +25,8 @@ _FAMILIES = {
     "omni_errors_total": ("Requests that ended in an error, by error code", "COUNTER"),
     "omni_stage_active_requests": ("Requests in flight inside a stage model", "GAUGE"),
     "omni_voice_encodings_total": ("Reference recordings encoded for voice cloning (cache misses)", "COUNTER"),
+    "omni_vllm_running_requests": ("Requests vLLM's scheduler is running (the engine's own count)", "GAUGE"),
+    "omni_vllm_waiting_requests": ("Requests waiting in vLLM's scheduler (the engine's own count)", "GAUGE"),
 }
 _cache: dict[str, "pb_utils.MetricFamily"] = {}
 
@@ -77,6 +79,15 @@ class StageMetrics:
         self.model_name = model_name
         self.active = metric("omni_stage_active_requests", labels={"model": model_name})
         self._voice_encodings = None
+
+    def engine_gauges(self) -> tuple["pb_utils.Metric", "pb_utils.Metric"]:
+        """vLLM's own running and waiting counts for this stage (set from the truth at start)."""
+        labels = {"model": self.model_name}
+        running = metric("omni_vllm_running_requests", labels=labels)
+        waiting = metric("omni_vllm_waiting_requests", labels=labels)
+        running.set(0)
+        waiting.set(0)
+        return running, waiting
 
     def voice_encoded(self) -> None:
         if self._voice_encodings is None:

@@ -26,7 +26,8 @@ class SnacStage(BatchedStage):
         sd = self.stage_deploy
         torch.set_num_threads(sd.threads)
         folder = snac_folder(resolve_checkpoint(self.model_path), sd.options.get("snac_path"))
-        self.snac = load_snac(folder, device=sd.device)
+        self.device = torch.device(sd.device)
+        self.snac = load_snac(folder, device=self.device)
         self.rows_alone = bool(sd.batch_invariant)
 
     def batch_key(self, inputs: Inputs) -> Hashable:
@@ -38,7 +39,7 @@ class SnacStage(BatchedStage):
         return codes.shape[1:]
 
     def _decode(self, windows: np.ndarray, seeds: list[int]) -> np.ndarray:
-        device = self.snac.device
+        device = self.device
         books = [torch.from_numpy(np.ascontiguousarray(c)).to(device) for c in window_codebooks(windows)]
         with torch.inference_mode():
             audio = self.snac.decode(books, seeds)
