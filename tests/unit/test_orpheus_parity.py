@@ -97,8 +97,7 @@ def vllm_available():
 def test_vllm_engine_tokens_equal_reference(vllm_available, orpheus_jobs, orpheus_reference):
     import asyncio
 
-    from omni_backend.engine.vllm_engine import VLLMEngine
-    from omni_backend.models.orpheus.lm_stage import engine_options
+    from omni_backend.engine.vllm_engine import VLLMEngine, engine_options
     from omni_backend.models.orpheus.sampling import stop_token_ids
     from omni_backend.models.orpheus.tokens import OrpheusPrompt
     from omni_backend.deploy import StageDeploy

@@ -12,6 +12,7 @@ a fresh worker.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any, AsyncIterator
@@ -40,10 +41,13 @@ class OrpheusLMStage(StageModel):
         eos = stop_token_ids(path, self.tokens.end_of_speech)
         self.default_params = default_params(path, sd.default_sampling_params)
         if sd.engine == "vllm":
-            from omni_backend.engine.vllm_engine import VLLMEngine
+            from omni_backend.engine.vllm_engine import VLLMEngine, engine_options
 
-            self.engine = VLLMEngine(path, vllm_options(sd), eos, on_worker_exit=self._worker_exited)
+            self.engine = VLLMEngine(path, engine_options(sd), eos, default_params=self.default_params,
+                                     on_worker_exit=self._worker_exited)
             self.engine.start()
+            self.vllm_gauges = self.metrics.engine_gauges()
+            asyncio.run_coroutine_threadsafe(self._publish_vllm_counts(), self.loop)
         else:
             from .runner import create_engine
 
@@ -51,6 +55,19 @@ class OrpheusLMStage(StageModel):
                                                     max_model_len=sd.max_model_len, dtype=sd.dtype,
                                                     device=sd.device, num_threads=sd.threads,
                                                     default_params=self.default_params))
+
+    async def _publish_vllm_counts(self, interval_s: float = 0.1) -> None:
+        """vLLM's own running / waiting counts as gauges (asked of the worker between its steps)."""
+        running, waiting = self.vllm_gauges
+        while self.engine.ready:
+            try:
+                counts = await self.run_blocking(self.engine.running, 2.0)
+            except Exception:  # noqa: BLE001 - restarting or closed: the loop condition decides
+                await asyncio.sleep(interval_s)
+                continue
+            running.set(counts.running)
+            waiting.set(counts.waiting)
+            await asyncio.sleep(interval_s)
 
     def _worker_exited(self, reason: str) -> None:
         """The vLLM worker died: its streams have ended with `unavailable:`; this stage is dead too
@@ -85,10 +102,3 @@ class OrpheusLMStage(StageModel):
     def release_resources(self) -> None:
         self.engine.close(timeout=2.0)
 
-
-def vllm_options(sd) -> dict[str, Any]:
-    """The deploy's engine settings as vLLM takes them."""
-    return {"max_num_seqs": sd.max_num_seqs, "max_model_len": sd.max_model_len, "dtype": sd.dtype,
-            "block_size": sd.block_size, "enforce_eager": sd.enforce_eager,
-            "cuda_graph_sizes": list(sd.cuda_graph_sizes), "gpu_memory_utilization": sd.gpu_memory_utilization,
-            "device": sd.device}
