@@ -20,6 +20,7 @@ from omni_backend.pipeline import PipelineConfig
 BUILTIN_FAMILIES = (
     "omni_backend.models.hibari.family",
     "omni_backend.models.qwen3_tts.family",
+    "omni_backend.models.orpheus.family",
 )
 
 _PIPELINES: dict[str, PipelineConfig] = {}
