@@ -12,9 +12,9 @@ SHIM_PORT ?= 8080
 REPO ?= model_repository
 PYTEST_ARGS ?=
 
-.PHONY: serve test setup debs venv oracle repository check clean
+.PHONY: serve test setup debs venv vllm oracle repository check clean
 
-setup: debs venv
+setup: debs venv vllm
 
 # libb64 for perf_analyzer; sox for the reference Qwen3-TTS oracle (it warns without it);
 # chromium and curl for the web page and HTTP tests.
@@ -35,6 +35,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 venv: $(VENV)/.installed
 
+# vLLM (CPU build) in its own venv for `engine: vllm` stages; its pins conflict with the project's
+vllm:
+	bash deploy/vllm/install.sh
+
 oracle: venv
 	bash tests/oracle/install.sh
 
@@ -52,4 +56,4 @@ test: setup oracle
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-oracle .cache
+	rm -rf $(VENV) .venv-oracle .venv-vllm .cache
