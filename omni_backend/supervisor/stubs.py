@@ -136,10 +136,12 @@ def mapped_regions() -> set[str]:
     return names
 
 
-def remove_stale_regions(min_age_s: float = 10.0, names: set[str] | None = None) -> list[str]:
+def remove_stale_regions(min_age_s: float = 10.0, names: set[str] | None = None,
+                         newer_than: float | None = None) -> list[str]:
     """Unlink regions no process maps (left by a crashed or killed server). `names` limits it to
-    those; otherwise any such region older than `min_age_s` (a server that is starting has mapped
-    its new regions long before that)."""
+    those; `newer_than` to those made since that wall-clock time (by a server that is gone now);
+    otherwise any such region older than `min_age_s` (a server that is starting has mapped its new
+    regions long before that)."""
     if not SHM_DIR.is_dir():
         return []
     in_use = mapped_regions()
@@ -151,7 +153,10 @@ def remove_stale_regions(min_age_s: float = 10.0, names: set[str] | None = None)
         if names is not None and path.name not in names:
             continue
         try:
-            if names is None and now - path.stat().st_mtime < min_age_s:
+            made = path.stat().st_mtime
+            if newer_than is not None and made < newer_than:
+                continue
+            if names is None and newer_than is None and now - made < min_age_s:
                 continue
             path.unlink()
             removed.append(path.name)

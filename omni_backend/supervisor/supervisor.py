@@ -70,6 +70,7 @@ class Supervisor:
         self.hard_stop = False
         self.known_stubs: dict[int, stubs.Stub] = {}
         self.regions: set[str] = set()
+        self.server_started = 0.0   # wall-clock start of the current server (its regions are newer)
         self.tasks: set[asyncio.Task] = set()
         self.repository = os.path.realpath(opts.flag("model-repository") or opts.flag("model-store") or ".")
         self.heartbeats = ""   # the folder stubs beat in (stub_process.start_heartbeat), made by run()
@@ -125,6 +126,7 @@ class Supervisor:
             os.unlink(os.path.join(self.heartbeats, beat))
         argv = server_binary.command(self.opts.server_args)
         env = {**server_binary.server_env(), stub_process.HEARTBEAT_ENV: self.heartbeats}
+        self.server_started = time.time()
         self.proc = await asyncio.create_subprocess_exec(
             *argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
         self.control = TritonControl(self.opts.grpc_url, self.opts.metrics_url)
@@ -141,6 +143,9 @@ class Supervisor:
                 if exited in done:
                     return self.proc.returncode, was_ready
                 if not was_ready:
+                    # stubs started so far are known from the start, so a stop during loading
+                    # leaves no process or shared memory behind
+                    self._note_stubs()
                     was_ready = await self._became_ready()
                     continue
                 self._check_stubs()
@@ -172,6 +177,13 @@ class Supervisor:
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def _note_stubs(self) -> None:
+        """Every stub of the running server, for the clean-up after it (_clean_after)."""
+        for stub in stubs.stubs_of(self.proc.pid):
+            self.known_stubs[stub.pid] = stub
+            if stub.region:
+                self.regions.add(stub.region)
 
     def _record_stubs(self, state: PipelineState, old: set[int] = frozenset()) -> None:
         """The pipeline's stubs, leaving out `old` ones (still unloading beside the reloaded ones)."""
@@ -371,7 +383,10 @@ class Supervisor:
         while leftover and time.monotonic() < deadline:
             leftover = [s for s in leftover if stubs.parse_stub(s.pid) == s]
             time.sleep(0.05)
+        # its stubs' regions, and any other region made while it ran that no process maps now (a
+        # stub that was still starting when the server went)
         removed = stubs.remove_stale_regions(names=self.regions)
+        removed += stubs.remove_stale_regions(newer_than=self.server_started)
         if removed:
             log.info("removed %d shared-memory regions left by tritonserver", len(removed))
         if leftover:

@@ -350,3 +350,48 @@ def _state(pid: int) -> str:
     except OSError:
         return "gone"
     return stat[stat.rfind(")") + 2:].split()[0]
+
+
+def test_sigterm_while_models_load_leaves_nothing_behind(tmp_path):
+    """SIGTERM to the supervisor while the repository is still loading (hibari loaded, the vLLM
+    Orpheus stage starting): it exits within 10 s, and no stub, vLLM worker or shared-memory
+    region of that server is left."""
+    import subprocess
+
+    repo = repository(tmp_path, ["hibari", "orpheus_tiny_random"])
+    server = TritonProcess(repo, log_path=tmp_path / "tritonserver.log")
+    before = {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")}
+    workers_before = _vllm_workers()
+    log = open(tmp_path / "supervisor.log", "w")
+    proc = subprocess.Popen(server.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: "successfully loaded 'hibari'" in (tmp_path / "supervisor.log").read_text(), 120, 0.1)
+        assert "watching" not in (tmp_path / "supervisor.log").read_text(), "the server was ready already"
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert children, "tritonserver runs"
+        server_stubs = stubs.stubs_of(int(children[0]))
+        assert server_stubs, "stubs were started"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    assert proc.returncode == 0
+    wait_until(lambda: not any(stubs.alive(s) for s in server_stubs), 5)
+    left = {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")} - before
+    assert not left, f"shared memory left behind: {sorted(left)}"
+    wait_until(lambda: not _vllm_workers() - workers_before, 5)
+
+
+def _vllm_workers() -> set[int]:
+    out = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if b"vllm_worker.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.add(int(pid))
+        except OSError:
+            pass
+    return out
