@@ -12,13 +12,21 @@ The engine decides when a request ends (the stop rules, :meth:`AREngine._plan` a
 ``min_new_tokens`` are applied here, from the runner's data (``eos_token_ids``,
 ``max_new_tokens_offset``, ``max_model_len``); the runner only computes steps.
 
-``add_request`` and ``cancel`` may be called from any thread; ``step`` from one thread at a time
+A request added with ``input_open=True`` takes more input while it runs (``append_input``: text
+an LLM is still writing). What arrives is handed to the runner (``ModelRunner.extend``) at the
+start of a step; a request whose runner lacks the input for its next step (``ModelRunner.ready``)
+skips the step, keeping its slot and cache, while the other requests step on. One that waits
+longer than ``max_input_wait_s`` ends with ``finish_reason="input_timeout"``. ``idle`` says the
+last step computed nothing (every running request waiting): the caller may sleep until input.
+
+``add_request``, ``append_input`` and ``cancel`` may be called from any thread; ``step`` from one thread at a time
 (:class:`~omni_backend.engine.async_engine.AsyncEngine` runs it on its own thread).
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Iterable, Optional
 
 import torch
@@ -38,8 +46,10 @@ class DuplicateRequestError(ValueError):
 
 class AREngine:
     def __init__(self, runner: ModelRunner, max_num_seqs: Optional[int] = None, max_prefills_per_step: int = 1,
-                 num_threads: Optional[int] = None, default_params: Optional[SamplingParams] = None) -> None:
-        """``num_threads`` sets torch's intra-op threads for this process (None: leave as is)."""
+                 num_threads: Optional[int] = None, default_params: Optional[SamplingParams] = None,
+                 max_input_wait_s: Optional[float] = None) -> None:
+        """``num_threads`` sets torch's intra-op threads for this process (None: leave as is).
+        ``max_input_wait_s`` bounds how long a request with open input may wait for it (None: no bound)."""
         if num_threads is not None:
             torch.set_num_threads(int(num_threads))
         self.runner = runner
@@ -51,12 +61,17 @@ class AREngine:
         self._lock = threading.Lock()
         self._incoming: list[Sequence] = []
         self._cancels: list[str] = []
+        self._appends: list[tuple[str, Any, bool]] = []
         self._known: set[str] = set()   # request ids added and not yet ended
+        self.max_input_wait_s = max_input_wait_s
+        self.idle = False
 
     # -- thread-safe entry points
-    def add_request(self, request_id: str, prompt: Any, params: Optional[SamplingParams] = None) -> Sequence:
+    def add_request(self, request_id: str, prompt: Any, params: Optional[SamplingParams] = None,
+                    input_open: bool = False) -> Sequence:
         """Queue a request. Raises ``ValueError`` (an ``InvalidRequest``) for bad parameters or a
-        prompt that can never fit, and :class:`DuplicateRequestError` for a request id in use."""
+        prompt that can never fit, and :class:`DuplicateRequestError` for a request id in use.
+        ``input_open``: more input follows through ``append_input``, the last with ``end``."""
         params = (params or self.default_params).validate()
         self.runner.check(prompt, params)
         prompt_len = self.runner.prompt_length(prompt)
@@ -64,6 +79,7 @@ class AREngine:
             raise PromptTooLongError("input", f"the prompt takes {prompt_len} positions; this engine holds "
                                               f"{self.runner.max_model_len} per request (max_model_len)")
         seq = Sequence(request_id, prompt, params, prompt_len)
+        seq.input_open = input_open
         with self._lock:
             if request_id in self._known:
                 raise DuplicateRequestError(f"request id {request_id!r} is already in the engine")
@@ -80,6 +96,16 @@ class AREngine:
             self._cancels.append(request_id)
             return True
 
+    def append_input(self, request_id: str, data: Any, end: bool = False) -> bool:
+        """More input for a request added with ``input_open`` (``data`` may be None with ``end``),
+        handed to the runner in order at the next step. Returns False if the request is unknown
+        or already ended."""
+        with self._lock:
+            if request_id not in self._known:
+                return False
+            self._appends.append((request_id, data, end))
+            return True
+
     def has_unfinished(self) -> bool:
         with self._lock:
             return bool(self._known)
@@ -93,8 +119,15 @@ class AREngine:
         with self._lock:
             incoming, self._incoming = self._incoming, []
             cancels, self._cancels = self._cancels, []
+            appends, self._appends = self._appends, []
         for seq in incoming:
             self.scheduler.add(seq)
+        for request_id, data, end in appends:
+            seq = self.scheduler.find(request_id)
+            if seq is not None and seq.input_open and not seq.inbox_end:
+                if data is not None:
+                    seq.inbox.append(data)
+                seq.inbox_end = seq.inbox_end or end
         events: list[FrameEvent] = []
         for request_id in dict.fromkeys(cancels):
             seq = self.scheduler.find(request_id)
@@ -123,10 +156,9 @@ class AREngine:
                         self._end(seq, "error", events, codes=None, error=f"{type(exc).__name__}: {exc}")
                         continue
                 self._advance(seq, None, token, events)
-            batch = self.scheduler.decoding()
+            batch = self._ready(self.scheduler.decoding(), events)
+            self.idle = not admitted and not batch
             if batch:
-                for seq in batch:
-                    self._plan(seq)
                 try:
                     outputs = self.runner.decode(batch)
                 except Exception as exc:
@@ -137,6 +169,35 @@ class AREngine:
                 for out in outputs:
                     self._advance(out.seq, out.codes, out.token, events)
         return events
+
+    def _ready(self, running: list[Sequence], events: list[FrameEvent]) -> list[Sequence]:
+        """The requests that step now: input that arrived goes to the runner first; a request
+        without the input for its next step waits (its slot and cache kept), and one that waited
+        longer than ``max_input_wait_s`` ends."""
+        batch = []
+        now = time.monotonic()
+        for seq in running:
+            if seq.inbox or (seq.inbox_end and seq.input_open):
+                items, seq.inbox = seq.inbox, []
+                try:
+                    self.runner.extend(seq, items, seq.inbox_end)
+                except Exception as exc:  # the request ends with an error event; others go on
+                    logger.exception("input for %s failed", seq.request_id)
+                    self._end(seq, "error", events, codes=None, error=f"{type(exc).__name__}: {exc}")
+                    continue
+                seq.input_open = not seq.inbox_end
+            self._plan(seq)
+            if not seq.input_open or self.runner.ready(seq):
+                seq.waiting_since = None
+                batch.append(seq)
+                continue
+            if seq.waiting_since is None:
+                seq.waiting_since = now
+            elif self.max_input_wait_s is not None and now - seq.waiting_since > self.max_input_wait_s:
+                self._end(seq, "input_timeout", events, codes=None,
+                          error=f"no input arrived for {now - seq.waiting_since:.1f} s while the request waited "
+                                f"for it (max_input_wait_s {self.max_input_wait_s:g})")
+        return batch
 
     # -- the stop rules
     def _max_frames(self, seq: Sequence) -> int:

@@ -11,6 +11,10 @@ step that made them returns.
         ...  # event.codes, event.finished, event.finish_reason
     engine.cancel("req-1")                                 # or: await stream.aclose()
     engine.close()
+
+A request added with ``input_open=True`` takes more input with ``append_input`` (thread-safe).
+While every running request waits for input the thread sleeps until input, a new request or a
+cancellation wakes it (or ``IDLE_POLL_S`` passes: the engine's input-wait bound is checked then).
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ __all__ = ["AsyncEngine", "FrameStream", "EngineClosedError"]
 
 logger = logging.getLogger(__name__)
 
+IDLE_POLL_S = 0.05
+
 
 class EngineClosedError(RuntimeError):
     pass
@@ -39,6 +45,7 @@ class FrameStream:
         self._engine = engine
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
+        self._held: BaseException | None = None   # an error met by drain(), raised by the next __anext__
         self.finished = False
 
     def _push(self, item: Any) -> None:
@@ -50,6 +57,9 @@ class FrameStream:
     async def __anext__(self) -> FrameEvent:
         if self.finished:
             raise StopAsyncIteration
+        if self._held is not None:
+            self.finished = True
+            raise self._held
         item = await self._queue.get()
         if isinstance(item, BaseException):
             self.finished = True
@@ -57,6 +67,20 @@ class FrameStream:
         if item.finished:
             self.finished = True
         return item
+
+    def drain(self) -> list[FrameEvent]:
+        """The events already delivered, without waiting (a consumer that handles them together
+        saves a wake-up per token); an error among them is raised by the next ``__anext__``."""
+        events = []
+        while not self.finished and self._held is None and not self._queue.empty():
+            item = self._queue.get_nowait()
+            if isinstance(item, BaseException):
+                self._held = item
+                break
+            events.append(item)
+            if item.finished:
+                self.finished = True
+        return events
 
     def cancel(self) -> bool:
         return self._engine.cancel(self.request_id)
@@ -86,17 +110,24 @@ class AsyncEngine:
             self._thread = threading.Thread(target=self._run, name="ar-engine", daemon=True)
             self._thread.start()
 
-    def add_request(self, request_id: str, prompt: Any, params: Optional[SamplingParams] = None) -> FrameStream:
+    def add_request(self, request_id: str, prompt: Any, params: Optional[SamplingParams] = None,
+                    input_open: bool = False) -> FrameStream:
         """Queue a request (call from a running event loop). Bad parameters raise here."""
         if self._closed:
             raise EngineClosedError("the engine is closed")
         loop = asyncio.get_running_loop()
         stream = FrameStream(self, request_id, loop)
         with self._lock:
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt, params, input_open=input_open)
             self._streams[request_id] = stream
         self._wake.set()
         return stream
+
+    def append_input(self, request_id: str, data: Any, end: bool = False) -> bool:
+        """Thread-safe: more input for a request added with ``input_open`` (see AREngine)."""
+        accepted = self.engine.append_input(request_id, data, end)
+        self._wake.set()
+        return accepted
 
     def cancel(self, request_id: str) -> bool:
         """Thread-safe; the request's stream ends with a ``cancelled`` event."""
@@ -155,3 +186,6 @@ class AsyncEngine:
                               else self._streams.get(event.request_id))
                 if stream is not None:
                     self._deliver(stream, event)
+            if self.engine.idle and not events:   # every running request waits for input
+                self._wake.wait(timeout=IDLE_POLL_S)
+                self._wake.clear()

@@ -16,6 +16,11 @@ step it sets ``seq.sample_next`` False, so no token is drawn that no frame would
 ``seq.ban_eos`` while fewer than ``min_new_tokens`` tokens exist; the runner masks its eos ids
 then.
 
+A runner whose requests can take input while they run (text that arrives in pieces) implements
+``extend`` (the engine hands it what arrived, in order, once the request is prefilled) and
+``ready`` (whether a request's next step has the input it needs). A request that is not ready
+skips steps, holding its slot and cache, while the others go on.
+
 For CUDA graphs, a runner keeps its decode inputs in static buffers sized ``max_num_seqs`` and
 captures its step per batch-size bucket (:class:`~omni_backend.engine.cuda_graphs.GraphBuckets`);
 the interface does not change.
@@ -70,6 +75,16 @@ class ModelRunner(abc.ABC):
     @abc.abstractmethod
     def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
         """Advance every sequence by one frame (one output per sequence, in order)."""
+
+    def extend(self, seq: Sequence, items: list[Any], end: bool) -> None:
+        """Input that arrived for a running request (``AREngine.append_input``), in order; ``end``:
+        the input is complete. Called only for requests added with ``input_open``."""
+        raise TypeError(f"{type(self).__name__} takes no input while a request runs")
+
+    def ready(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s next decode step has its input (called after the step is planned:
+        ``seq.sample_next`` is set). A request that is not ready waits; it is asked again next step."""
+        return True
 
     def release(self, seq: Sequence) -> None:
         """Drop the model state of a finished or cancelled sequence."""

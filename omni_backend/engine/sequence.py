@@ -87,7 +87,12 @@ class Sequence:
     The engine counts ``num_tokens`` (tokens the runner returned) and ``num_frames`` (frames
     emitted). Before each runner call it sets the step's inputs: ``sample_next`` (whether this
     step's next token is wanted: False on the request's last step) and ``ban_eos`` (eos must not
-    be chosen: ``min_new_tokens``)."""
+    be chosen: ``min_new_tokens``).
+
+    A request added with ``input_open`` takes more input while it runs (``AREngine.append_input``,
+    e.g. text that an LLM is still writing): ``inbox`` holds what arrived and is not yet handed to
+    the runner, ``inbox_end`` that the input is complete. ``waiting_since`` is when the request
+    last found its runner without the input its next step needs (``None``: not waiting)."""
 
     def __init__(self, request_id: str, prompt: Any, params: SamplingParams, prompt_len: int = 0) -> None:
         self.request_id = request_id
@@ -102,6 +107,10 @@ class Sequence:
         self.ban_eos = False
         self.finish_reason: Optional[str] = None
         self.state: Any = None
+        self.input_open = False
+        self.inbox: list[Any] = []
+        self.inbox_end = False
+        self.waiting_since: Optional[float] = None
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2 ** 63)
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
@@ -118,7 +127,8 @@ class FrameEvent:
     ``codes`` holds the frame the runner made (its ids); it is ``None`` only on an end event
     without a frame (cancelled, or nothing to generate). ``finished`` is set on the last event of
     a request, with ``finish_reason`` ``stop`` (eos), ``length`` (max_new_tokens or the model
-    length), ``cancelled`` or ``error`` (``error`` then says what failed). ``index`` is the
+    length), ``cancelled``, ``error`` (``error`` then says what failed) or ``input_timeout`` (a
+    request whose input stayed open waited longer than the engine's ``max_input_wait_s`` for it). ``index`` is the
     frame's position in the request (on an end event without a frame: the number of frames).
     """
 

@@ -14,6 +14,12 @@ The talker's input at each position is a text-channel embedding plus a codec-cha
    Non-streaming mode: all text tokens + ``tts_eos`` over codec ``pad``, then ``tts_pad`` +
    codec ``bos``; the trailing text is ``tts_pad`` only.
 
+Text that arrives in pieces (``PromptBuilder.build(streamed_ids=...)``, streaming-text mode only):
+the prompt holds the text ids final so far (:class:`~.streamed_text.StreamedText`) and is
+``text_open``: its trailing text is those after the first, each embedded on its own, and grows as
+more ids arrive (the runner's ``extend``); ``tts_eos`` follows only when the text ends. Embedding
+each id alone makes a row's bits independent of how the text was cut into pieces.
+
 The embedding maths is the reference ``generate()``'s, in the same tensor shapes (on CPU the
 bits of a matmul depend on its row count), so the prefill is bit-identical.
 
@@ -30,7 +36,7 @@ recording, whose part the caller cuts off (:func:`reference_cut_samples`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -46,6 +52,7 @@ __all__ = [
     "PromptBuilder",
     "PromptEmbeddings",
     "embed_prompt",
+    "embed_text_ids",
     "reference_cut_samples",
 ]
 
@@ -91,6 +98,7 @@ class Qwen3Prompt:
     language: str                              # normalised ("auto", "english", ...)
     speaker: Optional[str]                     # normalised preset speaker name
     voice_clone: Optional[VoiceClonePrompt] = None
+    text_open: bool = False                    # more text follows (text that arrives in pieces)
 
     @property
     def text_ids(self) -> tuple[int, ...]:
@@ -133,13 +141,25 @@ class PromptBuilder:
 
     def build(self, text: str, speaker: Optional[str] = None, language: Optional[str] = None,
               instruct: Optional[str] = None, non_streaming_mode: Optional[bool] = None,
-              voice_clone: Optional[VoiceClonePrompt] = None) -> Qwen3Prompt:
+              voice_clone: Optional[VoiceClonePrompt] = None,
+              streamed_ids: Optional[Sequence[int]] = None) -> Qwen3Prompt:
         """``non_streaming_mode=None`` takes the reference wrapper's default: True for
-        custom_voice and voice_design, False for base (voice clone)."""
+        custom_voice and voice_design, False for base (voice clone). ``streamed_ids``: the text
+        arrives in pieces; these are the ids of ``assistant\n{text}`` final so far
+        (:class:`~.streamed_text.StreamedText`, at least one text id), ``text`` what arrived; the
+        prompt is ``text_open`` (streaming-text mode, no in-context voice clone)."""
         cfg = self.config
         kind = cfg.tts_model_type
         if not isinstance(text, str) or not text.strip():
             raise PromptError("input", "must be a non-empty string")
+        if streamed_ids is not None:
+            if non_streaming_mode:
+                raise PromptError("non_streaming_mode", "text that arrives in pieces is read in streaming-text "
+                                                        "mode; non_streaming_mode must be false")
+            non_streaming_mode = False
+            if voice_clone is not None and not voice_clone.x_vector_only:
+                raise PromptError("streaming_input", "in-context voice cloning needs the whole text in its "
+                                                     "prompt; clone with x_vector_only_mode, or send the text whole")
         if non_streaming_mode is None:
             non_streaming_mode = kind != "base"
 
@@ -194,12 +214,17 @@ class PromptBuilder:
             prefix = (t.codec_think_id, t.codec_think_bos_id, language_id, t.codec_think_eos_id)
         speaker_codec_id = _lookup(t.spk_id, speaker_name) if speaker_name is not None else None
 
-        input_ids = tuple(self.tokenizer.encode(assistant_text(text)))
+        if streamed_ids is None:
+            input_ids = tuple(self.tokenizer.encode(assistant_text(text)))
+        else:   # <|im_start|>, the final ids of "assistant\n{text}", then the fixed tail
+            tail = tuple(self.tokenizer.encode(assistant_text("")))[_ROLE_TOKENS:]
+            input_ids = (self.tokenizer.token_to_id("<|im_start|>"), *streamed_ids, *tail)
         if len(input_ids) <= _ROLE_TOKENS + _TAIL_TOKENS:
             raise PromptError("input", "has no text tokens")
         return Qwen3Prompt(input_ids=input_ids, instruct_ids=instruct_ids, codec_prefix=prefix,
                            speaker_codec_id=speaker_codec_id, non_streaming_mode=bool(non_streaming_mode),
-                           language=lang, speaker=speaker_name, voice_clone=voice_clone)
+                           language=lang, speaker=speaker_name, voice_clone=voice_clone,
+                           text_open=streamed_ids is not None)
 
     def _tokenized_clone(self, clone: VoiceClonePrompt) -> VoiceClonePrompt:
         """Checks a voice-clone prompt and tokenizes its transcript as the reference wrapper does
@@ -233,11 +258,24 @@ def _lookup(table, name: str):
 @dataclass
 class PromptEmbeddings:
     """Talker inputs of one request: the prefill ``[1, L, hidden]``, the trailing text added one row
-    per generated frame ``[1, T, hidden]``, and ``tts_pad`` ``[1, 1, hidden]`` used after it."""
+    per generated frame ``[1, T, hidden]``, and ``tts_pad`` ``[1, 1, hidden]`` used after it.
+    ``tts_eos`` ``[1, 1, hidden]`` ends a text that arrives in pieces (``Qwen3Prompt.text_open``:
+    its trailing text holds no ``tts_eos`` yet)."""
 
     prefill: torch.Tensor
     trailing_text: torch.Tensor
     tts_pad: torch.Tensor
+    tts_eos: Optional[torch.Tensor] = None
+
+
+def embed_text_ids(talker, ids: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Text ids embedded one at a time, ``[1, len(ids), hidden]``: on CPU a row's bits depend on
+    the matmul's row count, so text that arrives in pieces is embedded in one shape whatever the
+    pieces are."""
+    rows = [talker.embed_text(torch.tensor([[i]], dtype=torch.long, device=device)) for i in ids]
+    if not rows:
+        return talker.embed_text(torch.zeros((1, 0), dtype=torch.long, device=device))
+    return torch.cat(rows, dim=1)
 
 
 def embed_prompt(talker, config: Qwen3TTSConfig, prompt: Qwen3Prompt) -> PromptEmbeddings:
@@ -290,10 +328,13 @@ def embed_prompt(talker, config: Qwen3TTSConfig, prompt: Qwen3Prompt) -> PromptE
     else:
         first = talker.embed_text(input_id[:, text_start:text_start + 1]) + codec[:, -1:]
         embeds = torch.cat([embeds, first], dim=1)
-        trailing = torch.cat((talker.embed_text(input_id[:, text_start + 1:text_end]), tts_eos), dim=1)
+        if prompt.text_open:   # the rest arrives later; tts_eos when it ends
+            trailing = embed_text_ids(talker, prompt.input_ids[text_start + 1:text_end], device)
+        else:
+            trailing = torch.cat((talker.embed_text(input_id[:, text_start + 1:text_end]), tts_eos), dim=1)
     parts.append(embeds)
     prefill = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-    return PromptEmbeddings(prefill=prefill, trailing_text=trailing, tts_pad=tts_pad)
+    return PromptEmbeddings(prefill=prefill, trailing_text=trailing, tts_pad=tts_pad, tts_eos=tts_eos)
 
 
 def _embed_icl(talker, config: Qwen3TTSConfig, text_ids: torch.Tensor, ref_ids: torch.Tensor, ref_codes: torch.Tensor,

@@ -33,6 +33,13 @@ the decode step:
   (``omni_backend.testing.qwen3_tts_graph_check.greedy_graph_parity``), not the CPU reference
   bits.
 
+Text that arrives in pieces (a ``text_open`` prompt, added with ``input_open``): the engine hands
+the runner each piece's final text ids (``extend``; an empty list with the end of the input), which
+grow the request's :class:`~.trailing_text.TrailingText`; a request whose next frame needs a text
+row that has not arrived is not ``ready`` and waits. On the static path its row still runs inside
+the batch as padding: its cache write goes to the position its own next step overwrites, and its
+live state (pending token, hidden state) is read back first and restored when it steps again.
+
 Prompts are prefilled in the reference's shapes on both paths (one at a time), or as one padded
 forward where exactness is not asked for (the static path, ``batch_invariant=False``).
 """
@@ -52,9 +59,10 @@ from .checkpoint import Qwen3TTSCheckpoint, load_checkpoint
 from .config import GenerationDefaults
 from .decode import Qwen3Decode
 from .exact_step import BatchInvariantExactStep, BatchInvariantOps
-from .prompt import Qwen3Prompt, embed_prompt
+from .prompt import Qwen3Prompt, embed_prompt, embed_text_ids
 from .sampling_params import Qwen3SamplingParams, code_predictor_params
 from .static_step import SHORTEST_LENGTH_BUCKET, GraphSafeStaticStep, length_buckets
+from .trailing_text import TrailingText
 
 __all__ = ["Qwen3TTSRunner", "create_engine", "sampling_params_from_defaults"]
 
@@ -77,8 +85,7 @@ def sampling_params_from_defaults(defaults: GenerationDefaults, **overrides) -> 
 @dataclass
 class _RequestState:
     prefill_length: int
-    trailing_text: torch.Tensor          # [T, hidden]
-    tts_pad: torch.Tensor                # [1, hidden]
+    text: TrailingText                   # text rows, one per frame
     past_hidden: torch.Tensor            # [1, 1, hidden]: talker hidden that predicted `pending`
     pending: int                         # codebook 0 of the next frame
     generated: list[int]                 # codebook-0 ids so far (repetition penalty)
@@ -127,6 +134,7 @@ class Qwen3TTSRunner(ModelRunner):
         self.exact = BatchInvariantExactStep(self.frame_decode, self.ops)   # prefill, and the CPU decode
         self.static: Optional[GraphSafeStaticStep] = None
         self.graphs = None
+        self._slot_seq: dict[int, Sequence] = {}   # running requests by slot (the static path's waiting rows)
         if static_step if static_step is not None else device.type == "cuda":
             self._init_static(cuda_graph_sizes, enabled=device.type == "cuda" and not enforce_eager,
                               shortest_attention=shortest_attention)
@@ -159,10 +167,33 @@ class Qwen3TTSRunner(ModelRunner):
     def _start(self, seq: Sequence, embeds, logits: torch.Tensor, hidden: torch.Tensor) -> int:
         """The request's state after its prefill, and its first codebook-0 token."""
         token = self._select_cb0(logits, [], seq)
-        seq.state = _RequestState(prefill_length=embeds.prefill.shape[1], trailing_text=embeds.trailing_text[0],
-                                  tts_pad=embeds.tts_pad[0], past_hidden=hidden, pending=token, generated=[token],
-                                  code_predictor=code_predictor_params(seq.params))
+        text_open = seq.prompt.text_open
+        text = TrailingText(embeds.trailing_text[0], embeds.tts_pad[0], closed=not text_open,
+                            tts_eos=embeds.tts_eos[0] if text_open else None)
+        seq.state = _RequestState(prefill_length=embeds.prefill.shape[1], text=text, past_hidden=hidden,
+                                  pending=token, generated=[token], code_predictor=code_predictor_params(seq.params))
+        self._slot_seq[seq.slot] = seq
         return token
+
+    def extend(self, seq: Sequence, items: list, end: bool) -> None:
+        """Text ids that became final (each item a list of ids), embedded one by one."""
+        st: _RequestState = seq.state
+        ids = [int(i) for item in items for i in item]
+        if ids:
+            device = self.talker.codec_head.weight.device
+            st.text.extend(embed_text_ids(self.talker, ids, device)[0])
+        if end:
+            st.text.close()
+
+    def ready(self, seq: Sequence) -> bool:
+        """A step that draws the next token feeds the text row of this frame: it must be here."""
+        st: _RequestState = seq.state
+        return not seq.sample_next or st.text.has_row(st.frame)
+
+    def release(self, seq: Sequence) -> None:
+        if seq.slot is not None and self._slot_seq.get(seq.slot) is seq:
+            del self._slot_seq[seq.slot]
+        seq.state = None
 
     def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
         if self.static is not None:
@@ -216,11 +247,7 @@ class Qwen3TTSRunner(ModelRunner):
         else:
             index = torch.tensor(rows, dtype=torch.long, device=codes.device)
             sub_codes, sub_cb0 = codes.index_select(0, index), cb0_embed.index_select(0, index)
-        text = []
-        for b in rows:
-            st = states[b]
-            text.append(st.trailing_text[st.frame:st.frame + 1] if st.frame < st.trailing_text.shape[0]
-                        else st.tts_pad)
+        text = [states[b].text.row(states[b].frame) for b in rows]
         embeds = self.exact.next_talker_input(sub_cb0, sub_codes, torch.stack(text, dim=0))
         slots = [seqs[b].slot for b in rows]
         positions = [states[b].prefill_length + states[b].frame for b in rows]
@@ -280,9 +307,20 @@ class Qwen3TTSRunner(ModelRunner):
             position[b] = pos if pos < self.max_model_len else 0   # such a row ends this step anyway
             generated[b] = len(st.generated)
             ban_eos[b] = seq.ban_eos
-            texts.append(st.trailing_text[t:t + 1] if t < st.trailing_text.shape[0] else st.tts_pad)
+            texts.append(st.text.row(t) if seq.sample_next else st.text.tts_pad)
             text_rows.append(b)
             sample = sample or bool(p.do_sample or st.code_predictor.subtalker_do_sample)
+        stepping = {seq.slot for seq in seqs}
+        for b in range(size):   # requests waiting for text inside the bucket: padding rows
+            other = self._slot_seq.get(b)
+            if other is None or b in stepping:
+                continue
+            st = other.state
+            if self._row_owner[b] is other:   # the buffers hold its live state: keep it for its next step
+                st.past_hidden = static.hidden[b:b + 1].clone()
+                self._row_owner[b] = None
+            # its next step writes this position again before reading it
+            position[b] = min(st.prefill_length + st.frame, self.max_model_len - 1)
         device = static.device
         static.position[:size].copy_(torch.tensor(position, dtype=torch.long))
         static.generated[:size].copy_(torch.tensor(generated, dtype=torch.long))

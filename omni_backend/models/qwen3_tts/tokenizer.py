@@ -152,5 +152,26 @@ class QwenTextTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text).ids
 
+    def encode_words(self, text: str) -> list[tuple[int, list[int]]]:
+        """``encode(text)`` grouped by pre-tokenizer word (BPE never merges across words; an
+        added token is a word of its own): ``(start character in text, the word's ids)`` each."""
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        words: list[tuple[int, list[int]]] = []
+        last = None
+        for token, word, (start, _end) in zip(encoding.ids, encoding.word_ids, encoding.offsets):
+            if word is None or word != last or not words:
+                words.append((start, [token]))
+                last = word
+            else:
+                words[-1][1].append(token)
+        return words
+
+    @property
+    def added_tokens(self) -> tuple[str, ...]:
+        """The added (special) tokens' texts: matched in the raw text before any other rule."""
+        if not hasattr(self, "_added"):
+            self._added = tuple(t.content for t in self._tokenizer.get_added_tokens_decoder().values())
+        return self._added
+
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
