@@ -3,12 +3,16 @@
     .venv/bin/python perf/bench.py --pipeline hibari --concurrency 1,4,8
     .venv/bin/python perf/bench.py --pipeline qwen3_tts --size small --concurrency 1,4,8
     .venv/bin/python perf/bench.py --pipeline qwen3_tts --model /path/to/checkpoint --concurrency 1,4,8,16
+    .venv/bin/python perf/bench.py --pipeline orpheus_tiny_random --engine vllm,torch --concurrency 1,4,8,16
 
 For each concurrency c, c clients stream requests back to back over gRPC (tritonclient) from a
 fixed set of texts and the table gives time to first audio (p50 / p95), real-time factor (p50),
 audio seconds per wall second and errors. For Qwen3-TTS the same requests also run in-process
 (engine + code2wav in this process, same chunk schedule) and, with --reference, through the
 reference `generate()` (qwen-tts in .venv-oracle), so the ratios come from one run on one machine.
+For Orpheus each engine in `--engine` is served in turn (the deploy's stage 0 switched to it) and
+the LM's tokens/s is set against plain vLLM `LLM.generate` on the same checkpoint with the
+worker's engine arguments (perf/vllm_generate.py, in .venv-vllm): served / plain is our overhead.
 The server's start-up time and resident memory (server + stub processes) are reported too.
 Results are printed and appended to perf/RESULTS.md as a markdown table.
 """
@@ -201,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=3, help="requests per client per level")
     ap.add_argument("--frames", type=int, default=50, help="frames per Qwen3-TTS request (random weights never stop)")
     ap.add_argument("--reference", action="store_true", help="also time the reference generate() (slow)")
+    ap.add_argument("--engine", default="vllm,torch", help="orpheus: engines of the LM stage, served in turn")
+    ap.add_argument("--tokens", type=int, default=280, help="LM tokens per Orpheus request (random weights never stop)")
     ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -211,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
 
     pipeline = get_pipeline(args.pipeline)
     deploy_path = args.deploy or str(default_deploy_path(pipeline.default_deploy))
+    if pipeline.family == "orpheus":
+        return orpheus_bench(args, argv, pipeline, deploy_path, levels)
     model = args.model
     shape = "bundled"
     work = Path(tempfile.mkdtemp(prefix="omni-bench-"))
@@ -286,6 +294,108 @@ def main(argv: list[str] | None = None) -> int:
     table = head + "\n" + "\n".join(lines) + "\n"
     if any(r["first_error"] for r in rows):
         table += "\nFirst error: " + next(r["first_error"] for r in rows if r["first_error"]) + "\n"
+    print("\n" + table)
+    with open(args.results, "a") as f:
+        f.write("\n" + table)
+    return 0
+
+
+ENGINE_ONLY_KEYS = {"torch": ("block_size", "gpu_memory_utilization"), "vllm": ("max_prefills_per_step", "batch_invariant")}
+
+
+def deploy_for_engine(deploy_path: str, engine: str, out: Path) -> Path:
+    """The deploy YAML with its AR stage (stage 0) on `engine` and the other engine's keys dropped."""
+    import yaml
+
+    raw = yaml.safe_load(Path(deploy_path).read_text())
+    stage = next(s for s in raw["stages"] if s.get("stage_id", 0) == 0)
+    stage["engine"] = engine
+    for key in ENGINE_ONLY_KEYS[engine]:
+        stage.pop(key, None)
+    out.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return out
+
+
+def plain_vllm(model: str, deploy_path: str, levels: list[int], requests: int, served_params: dict, work: Path) -> dict:
+    """perf/vllm_generate.py in vLLM's venv with the stage's engine options: tokens/s per level."""
+    from omni_backend.deploy import load_deploy
+    from omni_backend.engine.vllm_engine import engine_options, vllm_python, worker_sampling
+    from omni_backend.models.orpheus.sampling import default_params, params_from_request, stop_token_ids
+    from omni_backend.models.orpheus.tokens import OrpheusPrompt
+
+    prompt = OrpheusPrompt(model)
+    stage = load_deploy(deploy_path).stage(0)
+    # the served requests' sampling: the stage's defaults under the bench's parameters
+    sampling = params_from_request(default_params(model, stage.default_sampling_params), served_params)
+    eos = stop_token_ids(model, prompt.tokens.end_of_speech)
+    job = {"model": model, "options": engine_options(stage), "prompts": [prompt.ids(t, "tara") for t in TEXTS],
+           "levels": levels, "requests": requests, "sampling": worker_sampling(sampling, 0, eos)}
+    (work / "vllm_job.json").write_text(json.dumps(job))
+    proc = subprocess.run([str(vllm_python()), str(ROOT / "perf" / "vllm_generate.py"), str(work / "vllm_job.json")],
+                          capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"plain vLLM failed: {proc.stderr[-2000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {int(c): v for c, v in out["tokens_per_s"].items()}
+
+
+def orpheus_bench(args, argv, pipeline, deploy_path: str, levels: list[int]) -> int:
+    from ensemble_builder.build import build
+    from omni_backend.models.orpheus.builtin import resolve_checkpoint
+
+    model = resolve_checkpoint(args.model or pipeline.default_model)
+    work = Path(tempfile.mkdtemp(prefix="omni-bench-"))
+    params = {"do_sample": False, "max_new_tokens": args.tokens}
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    sections = []
+    plain = None
+    for engine in args.engine.split(","):
+        deploy = deploy_for_engine(deploy_path, engine, work / f"deploy-{engine}.yaml")
+        repo = work / f"repo-{engine}"
+        build(args.pipeline, repo, str(deploy), args.model)
+        t0 = time.perf_counter()
+        server = TritonProcess(repo, log_path=work / f"tritonserver-{engine}.log")
+        rows = []
+        try:
+            server.start(timeout_s=900)
+            startup = time.perf_counter() - t0
+            synthesize(server.grpc_url, args.pipeline, "Warm up.", params)
+            triton_version = server_version(server.grpc_url)
+            for c in levels:
+                print(f"[bench] {engine} c={c}", flush=True)
+                rows.append(run_level(server.grpc_url, args.pipeline, c, args.requests, params))
+            rss = rss_mib(server.server_pid)
+        finally:
+            server.stop()
+        if engine == "vllm":
+            print("[bench] plain vLLM LLM.generate", flush=True)
+            plain = plain_vllm(model, str(deploy), levels, args.requests, params, work)
+        sections.append((engine, startup, rss, rows))
+
+    command = f"python perf/bench.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    head = (f"## {args.pipeline} ({Path(model).name}), {datetime.date.today()}\n\n"
+            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; {versions(triton_version)}; deploy "
+            f"`{Path(deploy_path).name}` with stage 0 on each engine; {args.tokens} LM tokens per request "
+            f"(greedy; random weights never stop). Command: `{command}`\n")
+    cols = ["engine", "c", "requests", "errors", "TTFA p50 ms", "TTFA p95 ms", "RTF p50", "audio s/s", "LM tok/s",
+            "plain vLLM tok/s", "plain / served"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    notes = []
+    for engine, startup, rss, rows in sections:
+        notes.append(f"{engine}: server start-up {startup:.1f} s, resident memory {rss:.0f} MiB (server + stubs"
+                     f"{' + vLLM worker' if engine == 'vllm' else ''})")
+        for r in rows:
+            c = r["concurrency"]
+            tok_s = r["requests"] * args.tokens / r["wall_s"]
+            base = plain.get(c) if plain else None
+            lines.append("| " + " | ".join(str(x) for x in [
+                engine, c, r["requests"], r["errors"], f"{r['ttfa_p50_ms']:.0f}", f"{r['ttfa_p95_ms']:.0f}",
+                f"{r['rtf_p50']:.3f}", f"{r['audio_s_per_s']:.2f}", f"{tok_s:.0f}",
+                f"{base:.0f}" if base else "", f"{base / tok_s:.2f}" if base else ""]) + " |")
+    table = head + "\n" + "; ".join(notes) + ".\n\n" + "\n".join(lines) + "\n"
+    errors = [r["first_error"] for _, _, _, rows in sections for r in rows if r["first_error"]]
+    if errors:
+        table += "\nFirst error: " + errors[0] + "\n"
     print("\n" + table)
     with open(args.results, "a") as f:
         f.write("\n" + table)

@@ -118,6 +118,20 @@ def engine_options(stage_deploy: Any) -> dict[str, Any]:
     return options
 
 
+def worker_sampling(params: SamplingParams, seed: int, eos_token_ids: Iterable[int]) -> dict[str, Any]:
+    """A request's sampling as the worker's ``add`` message carries it (vLLM's field names)."""
+    return {
+        "temperature": float(params.temperature) if params.do_sample else 0.0,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "top_p": float(params.top_p),
+        "repetition_penalty": float(params.repetition_penalty),
+        "seed": seed,
+        "max_tokens": params.max_new_tokens,
+        # vLLM refuses min_tokens > max_tokens; either way eos is held back for every token
+        "min_tokens": min(params.min_new_tokens, params.max_new_tokens),
+        "stop_token_ids": sorted(eos_token_ids)}
+
+
 def _model_config(model_path: Path) -> dict[str, Any]:
     try:
         config = json.loads((model_path / "config.json").read_text())
@@ -299,16 +313,8 @@ class VLLMEngine:
         loop = asyncio.get_running_loop()
         stream = FrameStream(self, request_id, loop)
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2 ** 63)
-        msg = {"op": "add", "rid": request_id, "prompt_token_ids": list(prompt_token_ids), "sampling": {
-            "temperature": float(params.temperature) if params.do_sample else 0.0,
-            "top_k": params.top_k if params.top_k > 0 else -1,
-            "top_p": float(params.top_p),
-            "repetition_penalty": float(params.repetition_penalty),
-            "seed": seed,
-            "max_tokens": params.max_new_tokens,
-            # vLLM refuses min_tokens > max_tokens; either way eos is held back for every token
-            "min_tokens": min(params.min_new_tokens, params.max_new_tokens),
-            "stop_token_ids": sorted(self.eos_token_ids)}}
+        msg = {"op": "add", "rid": request_id, "prompt_token_ids": list(prompt_token_ids),
+               "sampling": worker_sampling(params, seed, self.eos_token_ids)}
         with self._lock:
             worker = self._worker
             if not self._ready or worker is None:

@@ -108,11 +108,9 @@ def _kv_cache_bytes(model: str, options: dict[str, Any]) -> int | None:
     return blocks * block * per_token
 
 
-def _load_engine(model: str, options: dict[str, Any], scratch: str) -> tuple[Any, dict[str, Any]]:
-    """``scratch``: a folder the stage owns and removes (the socket's)."""
-    from vllm import EngineArgs
-    from vllm.v1.engine.llm_engine import LLMEngine
-
+def engine_kwargs(model: str, options: dict[str, Any], scratch: str) -> dict[str, Any]:
+    """vLLM's engine arguments for these options (also what perf/vllm_generate.py gives plain
+    ``vllm.LLM``, so the baseline runs the same engine). ``scratch``: a folder the caller owns."""
     # vLLM adds the eos ids of the model's generation_config.json to every request's stop ids; a
     # folder with an empty one keeps the stops to the stage's own eos ids (and adds no default
     # sampling parameters), as on the torch engine.
@@ -144,8 +142,26 @@ def _load_engine(model: str, options: dict[str, Any], scratch: str) -> tuple[Any
             kwargs["gpu_memory_utilization"] = float(options["gpu_memory_utilization"])
         if options.get("cuda_graph_sizes") and not options.get("enforce_eager"):
             kwargs["cudagraph_capture_sizes"] = sorted(int(s) for s in options["cuda_graph_sizes"])
+    return kwargs
+
+
+def sampling_kwargs(s: dict[str, Any]) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` arguments of an ``add`` message's sampling (also perf/vllm_generate.py's)."""
+    return dict(temperature=float(s["temperature"]), top_k=int(s["top_k"]), top_p=float(s["top_p"]),
+                repetition_penalty=float(s["repetition_penalty"]), seed=s.get("seed"),
+                max_tokens=int(s["max_tokens"]), min_tokens=int(s.get("min_tokens", 0)),
+                stop_token_ids=list(s.get("stop_token_ids", [])), detokenize=False)
+
+
+def _load_engine(model: str, options: dict[str, Any], scratch: str) -> tuple[Any, dict[str, Any]]:
+    """``scratch``: a folder the stage owns and removes (the socket's)."""
+    from vllm import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    kwargs = engine_kwargs(model, options, scratch)
     engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
-    return engine, {"max_model_len": engine.model_config.max_model_len, "kv_cache_bytes": kv_cache_bytes}
+    return engine, {"max_model_len": engine.model_config.max_model_len,
+                    "kv_cache_bytes": kwargs.get("kv_cache_memory_bytes")}
 
 
 def _stage_gone(scratch: str) -> None:
@@ -201,12 +217,7 @@ class WorkerLoop:
         rid = msg["rid"]
         s = msg["sampling"]
         try:
-            params = self._sampling_params(
-                temperature=float(s["temperature"]), top_k=int(s["top_k"]), top_p=float(s["top_p"]),
-                repetition_penalty=float(s["repetition_penalty"]), seed=s.get("seed"),
-                max_tokens=int(s["max_tokens"]), min_tokens=int(s.get("min_tokens", 0)),
-                stop_token_ids=list(s.get("stop_token_ids", [])),
-                output_kind=self._delta, detokenize=False)
+            params = self._sampling_params(**sampling_kwargs(s), output_kind=self._delta)
             self.engine.add_request(rid, {"prompt_token_ids": list(msg["prompt_token_ids"])}, params)
         except Exception as exc:   # vLLM refused it; the request is not in the engine
             self.conn.send({"op": "error", "rid": rid, "error": f"{type(exc).__name__}: {exc}"})

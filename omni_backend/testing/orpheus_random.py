@@ -44,6 +44,11 @@ SHAPES = {
                   tie_word_embeddings=False,
                   rope_scaling={"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                                 "original_max_position_embeddings": 8192, "rope_type": "llama3"}),
+    # a mid-size Llama for GPU checks (~0.3 B parameters with the 157k vocabulary)
+    "medium": dict(hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=8, head_dim=64, intermediate_size=2816,
+                   tie_word_embeddings=False,
+                   rope_scaling={"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                 "original_max_position_embeddings": 8192, "rope_type": "llama3"}),
 }
 
 

@@ -34,6 +34,7 @@ stages:
     dtype: float32
     max_num_seqs: 8
     max_model_len: 1024
+    enforce_eager: true
   - stage_id: 1
     device: cpu
     threads: 1
@@ -80,7 +81,7 @@ def test_served_greedy_audio_equals_reference(orpheus_server, orpheus_jobs, orph
         assert result.sample_rate == 24000
         assert result.audio.shape == want.shape, job["name"]
         assert np.max(np.abs(result.audio - want)) <= 1e-4, job["name"]
-        assert all(len(c) == 2048 for c in result.chunks)
+        assert all(len(c) % 2048 == 0 for c in result.chunks)
 
 
 def test_vllm_concurrent_requests_equal_solo(orpheus_server):

@@ -1,9 +1,9 @@
 """Stage 0 of Orpheus: the Llama LM on the torch engine or on vLLM, streaming SNAC codes.
 
 Both engines take the prompt ids (:class:`.tokens.OrpheusPrompt`) and stream one event per
-generated token; the token rules (:class:`.tokens.CodeAssembler`) turn tokens into SNAC codes,
-and each response carries the codes made since the last one, CODES [n] (int64). A token that
-carries no code (text, control tokens) sends nothing.
+generated token; the token rules (:class:`.tokens.CodeAssembler`) turn tokens into SNAC codes.
+Each response carries the whole frames (7 codes each) completed since the last one, CODES [n]
+(int64); codes of an unfinished last frame are never sent (no window would use them).
 
 On vLLM the engine lives in its own worker process (omni_backend/engine/vllm_engine.py). If that
 worker dies, its streams end with ``unavailable:`` and this stage's stub exits, so the server's
@@ -27,7 +27,7 @@ from omni_backend.triton.stage import StageModel
 
 from .builtin import resolve_checkpoint
 from .sampling import default_params, params_from_request, stop_token_ids
-from .tokens import CodeAssembler, OrpheusPrompt
+from .tokens import FRAME_TOKENS, CodeAssembler, OrpheusPrompt
 
 logger = logging.getLogger(__name__)
 
@@ -82,18 +82,27 @@ class OrpheusLMStage(StageModel):
         stream = self.engine.add_request(ctx.stage_request_id, prompt, params)
         ctx.resources.append(stream)
         codes = CodeAssembler(self.tokens)
+        sent = 0
         iterator = stream.__aiter__()
         while True:
             try:
-                event = await self.wait(ctx, iterator.__anext__())
+                first = await self.wait(ctx, iterator.__anext__())
             except StopAsyncIteration:
                 return
-            if event.finish_reason == "error":
-                raise PipelineError(f"engine: {event.error}")
-            new = codes.feed(event.codes) if event.codes is not None else []
-            if new:
-                yield [pb_utils.Tensor("CODES", np.asarray(new, dtype=np.int64))]
-            if event.finished:
+            finished = False
+            for event in (first, *stream.drain()):
+                if event.finish_reason == "error":
+                    raise PipelineError(f"engine: {event.error}")
+                if event.codes is not None:
+                    codes.feed(event.codes)
+                finished = finished or event.finished
+            # whole frames only: windows are cut at frame boundaries, and a response per frame
+            # instead of per token saves six of every seven hops through Triton
+            whole = len(codes.codes) - len(codes.codes) % FRAME_TOKENS
+            if whole > sent:
+                yield [pb_utils.Tensor("CODES", np.asarray(codes.codes[sent:whole], dtype=np.int64))]
+                sent = whole
+            if finished:
                 return
 
     def on_cancel(self, ctx: StreamContext) -> None:

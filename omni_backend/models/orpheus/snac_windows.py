@@ -5,10 +5,12 @@ answers with the audio of the window's second frame (one frame of left context, 
 context; ``tokens_decoder`` / ``convert_to_audio`` in orpheus-speech). A window holding a code
 outside the codebook gives no audio, as there. Each window's decoder noise is seeded by the
 request's seed (0 when it has none) and the window's index, so audio is reproducible and
-independent of what the window is batched with.
+independent of what the window is batched with. Windows that became ready while a call was out
+go together in the next call (one row each).
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any, AsyncIterator
 
 import numpy as np
@@ -25,9 +27,40 @@ class SnacWindows(Transfer):
         (source,) = sources.values()
         seed = request.get("seed") or 0
         cutter = WindowCutter()
-        async for out in source:
-            for index, window in cutter.add(out["CODES"].reshape(-1).tolist()):
-                answer = await stage.call({"CODES": np.asarray([window], dtype=np.int64),
-                                           "NOISE_SEED": np.asarray([[window_noise_seed(seed, index)]],
-                                                                    dtype=np.int64)})
+        ready: list[tuple[int, list[int]]] = []
+        state: dict[str, Any] = {"finished": False, "error": None}
+        arrived = asyncio.Event()
+
+        async def read() -> None:   # frames keep coming while a call is out
+            try:
+                async for out in source:
+                    ready.extend(cutter.add(out["CODES"].reshape(-1).tolist()))
+                    arrived.set()
+            except BaseException as e:  # handed to the consumer below
+                state["error"] = e
+            finally:
+                state["finished"] = True
+                arrived.set()
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                if not ready:
+                    if state["finished"]:
+                        if isinstance(state["error"], Exception):
+                            raise state["error"]
+                        return
+                    arrived.clear()
+                    if not ready and not state["finished"]:
+                        await stage.wait(arrived.wait())
+                    continue
+                # every window that is ready goes in one call (one row each)
+                batch, ready[:] = list(ready), []
+                answer = await stage.call({
+                    "CODES": np.asarray([w for _, w in batch], dtype=np.int64),
+                    "NOISE_SEED": np.asarray([[window_noise_seed(seed, i)] for i, _ in batch], dtype=np.int64)})
                 yield {"AUDIO": answer["AUDIO"].reshape(-1)}
+        finally:
+            if not reader.done():
+                reader.cancel()
+                await asyncio.wait({reader})
