@@ -13,6 +13,20 @@ if [[ " $* " != *" --dry-run "* ]]; then
 fi
 "$PY" -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())'
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# sized for < 8 minutes on an H200; the guard (SIGTERM at 540 s, under a 600 s command limit)
-# still lets check.py write the report of what it measured
-exec timeout "${CHECK_TIMEOUT:-540}" "$PY" perf/gpu/check.py "$@"
+# The Orpheus vLLM check first (seconds when vLLM is not importable: it says so), bounded so the
+# Qwen3-TTS check keeps most of the time. --dry-run / --no-results / --results FILE apply to both.
+orpheus_args=()
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --dry-run|--no-results) orpheus_args+=("${args[i]}") ;;
+    --results) orpheus_args+=("--results" "${args[i+1]:-}") ;;
+  esac
+done
+start=$SECONDS
+if [[ "${ORPHEUS_CHECK:-1}" != 0 ]]; then
+  timeout "${ORPHEUS_TIMEOUT:-150}" "$PY" perf/gpu/orpheus_check.py "${orpheus_args[@]}" || echo "orpheus check: exit $?"
+fi
+# sized for < 8 minutes on an H200; the guard (SIGTERM at 540 s in all, under a 600 s command
+# limit) still lets check.py write the report of what it measured
+exec timeout "$(( ${CHECK_TIMEOUT:-540} - (SECONDS - start) ))" "$PY" perf/gpu/check.py "$@"

@@ -22,6 +22,9 @@ def test_gpu_check_dry_run():
     assert "| c | TTFA p50 ms | TTFA p95 ms | RTF p50 | audio s/s | step ms (c frames) |" in out
     for c in (1, 2, 4):
         assert f"\n| {c} | " in out
+    # the Orpheus vLLM check ran first: its table, or the line saying vLLM is not importable
+    assert "## Orpheus vLLM GPU check" in out
+    assert "| c | stage engine tok/s | plain vLLM tok/s | plain / stage |" in out or "Skipped: vLLM is not" in out
 
 
 def test_gpu_check_reports_what_it_measured_when_the_timeout_stops_it(tmp_path):
