@@ -24,5 +24,12 @@ RUN grep -v -E '^(nvidia-pytriton|torch)==' constraints.txt > /tmp/constraints.t
  && python3 -m pip install -c /tmp/constraints.txt -e . \
  && python3 -m ensemble_builder build --all --out /opt/omni/model_repository
 
+# vLLM (CUDA build) for `engine: vllm` stages, in its own venv as on CPU (its pins conflict with
+# the project's); the stage runs its worker with this python.
+RUN python3 -m venv /opt/venv-vllm \
+ && /opt/venv-vllm/bin/pip install "vllm==0.32.0" \
+ && /opt/venv-vllm/bin/python -c "import vllm"
+ENV OMNI_VLLM_PYTHON=/opt/venv-vllm/bin/python
+
 EXPOSE 8000 8001 8002 8080
 CMD ["python3", "-m", "client.serve", "--model-repository", "/opt/omni/model_repository", "--no-build"]
