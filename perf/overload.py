@@ -6,7 +6,8 @@ Each run starts its own supervised tritonserver (committed model_repository) and
 records every "exact" request served alone, then starts `--burners` busy processes (default 8x
 the cores) and `--clients` client threads for `--minutes`. Each client loops over:
 
-- gRPC and HTTP (speech API, pcm) requests for hibari and the tiny Qwen3-TTS, greedy and seeded,
+- gRPC and HTTP (speech API, pcm) requests for hibari, the tiny Qwen3-TTS and the tiny Orpheus (its
+  LM on a vLLM worker process), greedy and seeded,
   whose audio must equal the same request served alone (bit for bit: no cross-talk under load);
 - hang-ups after the first chunk (gRPC stream cancel, HTTP disconnect);
 - bursts of more Qwen3 streams than the engine's `max_num_seqs` at once.
@@ -47,6 +48,8 @@ from client.triton_stream import coded  # noqa: E402
 from omni_backend.errors import error_code  # noqa: E402
 
 QWEN = "qwen3_tts_tiny_random"
+ORPHEUS = "orpheus_tiny_random"
+VOICES = {"hibari": "heart", ORPHEUS: "tara"}
 LONG = " ".join(f"This is sentence number {i} of a long story." for i in range(40))
 
 
@@ -64,7 +67,7 @@ class Variant:
 
     def http_body(self) -> dict:
         body = {"model": self.model, "input": self.text, "response_format": "pcm",
-                "voice": "heart" if self.model == "hibari" else "vivian"}
+                "voice": VOICES.get(self.model, "vivian")}
         for key, value in self.params:
             body[key] = value
         return body
@@ -76,6 +79,8 @@ VARIANTS = [
     Variant(QWEN, "Greedy decoding of a tiny random model.",
             (("do_sample", False), ("subtalker_do_sample", False), ("max_new_tokens", 40)), http=False),
     Variant(QWEN, "Seeded sampling is reproducible.", (("seed", 7), ("max_new_tokens", 40))),
+    Variant(ORPHEUS, "Greedy Orpheus tokens from vLLM.", (("do_sample", False), ("max_new_tokens", 105)), http=False),
+    Variant(ORPHEUS, "Seeded Orpheus sampling on vLLM.", (("seed", 11), ("max_new_tokens", 105))),
 ]
 
 
