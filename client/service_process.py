@@ -1,14 +1,28 @@
 """A server started as a child process for `make serve`, tests and benchmarks: its own process
 group (so helper processes die with it), output to a log file, ready when its probe says so, and
-stopped for sure."""
+stopped for sure: also when the process that started it dies without stopping it (a test run
+killed by a timeout), as the kernel then sends it SIGTERM (it drains and cleans up)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent() -> None:
+    """In the child before exec: SIGTERM when its parent dies (an orphaned server would hold
+    its ports, memory and shared memory until someone noticed)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port() -> int:
@@ -44,7 +58,7 @@ class ServiceProcess:
             self._log = open(self.log_path, "ab")
             out = self._log
         self.proc = subprocess.Popen(self.command(), cwd=self.cwd, env=self.environment(), stdout=out,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_end_with_parent)
         self.wait_ready(timeout_s)
         return self
 

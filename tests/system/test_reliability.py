@@ -395,3 +395,28 @@ def _vllm_workers() -> set[int]:
         except OSError:
             pass
     return out
+
+
+def test_a_server_whose_starter_is_killed_stops_and_cleans_up(tmp_path):
+    """A process that started a server (a test run, a benchmark) and was SIGKILLed leaves no
+    orphan: the supervisor gets SIGTERM from the kernel, drains, and takes its stubs and shared
+    memory with it."""
+    import subprocess
+    import sys
+
+    repo = repository(tmp_path, ["hibari"])
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from client.triton_process import TritonProcess\n"
+            f"s = TritonProcess({str(repo)!r}, log_path={str(tmp_path / 'server.log')!r}).start()\n"
+            "print(s.proc.pid, s.server_pid, flush=True)\n"
+            "time.sleep(600)\n")
+    starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    supervisor, server = (int(x) for x in starter.stdout.readline().split())
+    server_stubs = stubs.stubs_of(server)
+    assert server_stubs
+    regions = _regions_of(server_stubs)
+    starter.kill()
+    starter.wait()
+    wait_until(lambda: not Path(f"/proc/{supervisor}").exists() and not Path(f"/proc/{server}").exists(), 20)
+    wait_until(lambda: not any(stubs.alive(s) for s in server_stubs), 5)
+    assert not {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")} & regions
