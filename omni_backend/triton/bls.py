@@ -4,11 +4,13 @@
 pulled from the model's thread pool, never on the event loop. Triton 2.51 cannot cancel a BLS
 stream from the caller's side, so cancellation travels as a control request (`CONTROL=cancel`
 with the same REQUEST_ID) that makes the stage end that stream; the rest of the stream is then
-drained so nothing is left in shared memory.
+drained so nothing is left in shared memory. Text for a running stream travels the same way
+(`CONTROL=append`, omni_backend/triton/text_input.py).
 """
 from __future__ import annotations
 
 import asyncio
+import json
 from concurrent.futures import Executor
 from typing import AsyncIterator
 
@@ -29,6 +31,10 @@ class StageFailed(PipelineError):
             message = f"{error_code(message)}: {model_name or 'stage'}: {message}"
         Exception.__init__(self, message)
         self.code = error_code(message)
+
+
+# A stream stage's error as data (see stage.StageModel.error_response): a caller raises it.
+ERROR_OUTPUT = "ERROR"
 
 
 def _start(model_name: str, inputs: list, outputs: list[str], request_id: str):
@@ -67,6 +73,16 @@ def cancel_stage_request(model_name: str, request_id: str) -> None:
     _drain(_start(model_name, inputs, [], f"{request_id}-cancel"))
 
 
+def append_stage_text(model_name: str, request_id: str, text: str, end: bool) -> None:
+    """Give the stream with this request id more text (`end`: its input is complete); blocking,
+    raises StageFailed with the stage's error."""
+    inputs = [bytes_tensor("REQUEST_ID", request_id), bytes_tensor("CONTROL", "append"),
+              bytes_tensor("REQUEST", json.dumps({"text": text, "end": end}))]
+    for resp in _start(model_name, inputs, [], f"{request_id}-append"):
+        if resp.has_error():
+            raise StageFailed(resp.error().message(), model_name)
+
+
 def ping_stage(model_name: str, request_id: str) -> None:
     """Ask a decoupled stage whether it answers (blocking; raises StageFailed)."""
     inputs = [bytes_tensor("REQUEST_ID", request_id), bytes_tensor("CONTROL", "ping")]
@@ -90,6 +106,7 @@ class StageStream:
         self._done = False
         self._starting: asyncio.Future | None = None  # the in-flight exec() that opens the stream
         self._pending: asyncio.Future | None = None   # the in-flight next() on the iterator
+        self._opened = asyncio.Event()                 # the stage has the request (or opening failed)
 
     async def __aiter__(self) -> AsyncIterator[dict[str, np.ndarray]]:
         loop = asyncio.get_running_loop()
@@ -97,9 +114,11 @@ class StageStream:
         # future is done at once while its thread still runs `next()`, and aclose() would then
         # drain the iterator from a second thread (two threads on one BLS iterator stalled a
         # whole entry process for 20 s under overload).
-        self._starting = loop.run_in_executor(
-            self.executor, _start, self.model_name, self.inputs, self.outputs, self.request_id)
-        self._it = await asyncio.shield(self._starting)
+        self._starting = loop.run_in_executor(self.executor, self._open, loop)
+        try:
+            self._it = await asyncio.shield(self._starting)
+        finally:
+            self._opened.set()
         while True:
             if self._done:  # aclose() took over the iterator while it was being opened
                 return
@@ -118,8 +137,25 @@ class StageStream:
                 _drain_quietly(self._it)
                 raise StageFailed(resp.error().message(), self.model_name)
             out = _outputs(resp, self.outputs)
+            if ERROR_OUTPUT in out:
+                self._done = True
+                _drain_quietly(self._it)
+                message = out[ERROR_OUTPUT].reshape(-1)[0]
+                raise StageFailed(message.decode(errors="replace") if isinstance(message, bytes) else str(message),
+                                  self.model_name)
             if out:
                 yield out
+
+    def _open(self, loop: asyncio.AbstractEventLoop):
+        # exec() may return only with the stream's first response, which can depend on text still
+        # to be appended: `opened` is signalled as the request goes out, not when exec() returns.
+        loop.call_soon_threadsafe(self._opened.set)
+        return _start(self.model_name, self.inputs, self.outputs, self.request_id)
+
+    async def opened(self) -> None:
+        """Return once the request is on its way to the stage (a control message for it, such as
+        appended text, sent later waits there for it to arrive), or opening it failed."""
+        await self._opened.wait()
 
     async def aclose(self) -> None:
         """Stop the stage's stream if it is still running and drain what is left. A stream

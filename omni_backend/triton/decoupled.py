@@ -99,9 +99,16 @@ def _drop_result(fut: "asyncio.Future") -> None:
 class DecoupledModel:
     """Subclasses implement `setup()` and `stream(ctx)`; they yield lists of output tensors.
 
+    `error_before_final`: a stream's error goes out as a response of its own (`error_response`),
+    then FINAL alone. Models called over BLS need it: in 2.51 the caller's BLS iterator never
+    shows a stream's error (`has_error()` is false, the message is gone), so such a model sends its
+    errors as data (omni_backend/triton/stage.py).
+
     A request with a `CONTROL` input is a message to the model, not a stream: `ping` is answered
     from the event loop (the supervisor's liveness probe); subclasses add their own in `control`.
     """
+
+    error_before_final = False
 
     def initialize(self, args: dict) -> None:
         stub_process.start_orphan_guard()
@@ -228,13 +235,19 @@ class DecoupledModel:
                 ctx.sender = None
                 ctx.request = None
 
+    def error_response(self, message: str) -> "pb_utils.InferenceResponse":
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
     def _finish(self, ctx: StreamContext, outcome: str, code: str | None, error: str | None) -> None:
         """Send the stream's last response and count it, once. This comes before releasing what
         the stream held: a release can wait on a stage that died, its client must not."""
         if ctx.final_sent:
             return
         ctx.final_sent = True
-        response = None if error is None else pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
+        response = None if error is None else self.error_response(error)
+        if response is not None and self.error_before_final:
+            self.responses.send(ctx.sender, response)
+            response = None
         self.responses.send(ctx.sender, response, FINAL)   # after the stream's earlier responses
         self.active.pop(id(ctx), None)
         self.on_finish(ctx, outcome, code)

@@ -9,7 +9,8 @@ streamed to the client. It owns the response stream, metrics, admission and canc
 CONTROL messages (from the supervisor, omni_backend/supervisor): `ping` asks every stage too and
 fails naming the first stage that does not answer; `drain` (before a shutdown) turns new streams
 away with `unavailable:` while the running ones finish; `abort` ends every open stream with
-`unavailable: <TEXT>` (a stage died, or the drain ran out of time).
+`unavailable: <TEXT>` (a stage died, or the drain ran out of time). From clients: `append` gives
+a running stream that was opened with `streaming_input` more text (omni_backend/triton/text_input.py).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from omni_backend.glibc_heaps import bound_malloc_retention
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
 from omni_backend.triton.stage_liveness import StageLiveness
+from omni_backend.triton.text_input import STREAMING_INPUT, TextInputs
 from omni_backend.triton.transfer import Broadcast, Outputs, StageCall, ping
 
 STAGE_PING_TIMEOUT_S = 2.5   # under the supervisor's own 3 s, so the answer names the stage
@@ -45,10 +47,14 @@ class PipelineEntry(DecoupledModel):
         self.liveness = StageLiveness()
         self.transfers = {s.stage_id: import_path(s.transfer)(self.pipeline, s, self.deploy)
                           for s in self.pipeline.stages if s.transfer}
+        self.text_inputs = TextInputs(self)
 
     async def control(self, request: "pb_utils.InferenceRequest", command: str) -> None:
         if command == "drain":
             self.draining = True
+            return
+        if command == "append":
+            await self.text_inputs.append(input_bytes(request, "TEXT"), input_bytes(request, "PARAMS"))
             return
         if command == "abort":  # TEXT says why; every open stream ends with it
             why = (input_bytes(request, "TEXT") or b"").decode(errors="replace").strip()
@@ -82,10 +88,12 @@ class PipelineEntry(DecoupledModel):
         stream and what to close when the request ends (the transfers' generators, broadcasts)."""
         streams: dict[int, Any] = {}
         closers: list = []
+        ctx.request_streams = []   # the streams fed the client's request: they take appended text
         for stage in self.pipeline.stages:
             call = StageCall(self, ctx, stage)
             if stage.takes_request:
                 stream = call.stream(request=request)
+                ctx.request_streams.append(stream)
             else:
                 sources = {i: streams[i].tap() if isinstance(streams[i], Broadcast) else streams[i]
                            for i in stage.input_sources}
@@ -101,9 +109,12 @@ class PipelineEntry(DecoupledModel):
 
     async def audio(self, ctx: StreamContext, request: dict[str, Any]) -> AsyncIterator[np.ndarray]:
         final, closers = self.graph(ctx, request)
+        text = None
         iterator = final.__aiter__()
         pending: asyncio.Future | None = None
         try:
+            if request.get(STREAMING_INPUT):   # registered before the first await: appends may follow at once
+                text = self.text_inputs.register(ctx.request_id, ctx.request_streams)
             while True:
                 pending = asyncio.ensure_future(iterator.__anext__())
                 try:
@@ -119,6 +130,8 @@ class PipelineEntry(DecoupledModel):
             if pending is not None and not pending.done():
                 pending.cancel()
                 await asyncio.wait({pending})
+            if text is not None:
+                await self.text_inputs.unregister(ctx.request_id, text)
             for closer in reversed(closers):   # the stage streams themselves close with ctx
                 await closer.aclose()
 

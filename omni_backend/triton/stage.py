@@ -3,11 +3,15 @@
 Inputs: REQUEST (JSON: the adapter's normalized request; stages fed by the client's request),
 the stage's declared tensors (stages fed by other stages: codes, hidden states), REQUEST_ID, and
 CONTROL for out-of-band messages: `cancel` ends the stream with that REQUEST_ID (see bls.py for
-why), `ping` answers at once (liveness).
+why), `ping` answers at once (liveness), `append` gives the stream with that REQUEST_ID more text
+(REQUEST: `{"text": "...", "end": bool}`; a stage that reads text as it arrives implements
+`on_append`, see omni_backend/triton/text_input.py).
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any, AsyncIterator
 
 import numpy as np
@@ -15,11 +19,15 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import InvalidRequest
 from omni_backend.families import built_model
-from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
+from omni_backend.triton.bls import ERROR_OUTPUT
+from omni_backend.triton.decoupled import DecoupledModel, StreamContext, bytes_tensor, input_bytes
 from omni_backend.triton.metrics import StageMetrics
+from omni_backend.triton.text_input import TARGET_WAIT_S, parse_stage_append
 
 
 class StageModel(DecoupledModel):
+    error_before_final = True   # read over BLS (see DecoupledModel)
+
     def setup(self) -> None:
         built = built_model(self.parameters, self.model_name)
         self.pipeline, self.deploy, self.model_path = built.pipeline, built.deploy, built.model_path
@@ -34,6 +42,13 @@ class StageModel(DecoupledModel):
     def load(self) -> None:
         """Load weights / engines; override."""
 
+    def error_response(self, message: str) -> "pb_utils.InferenceResponse":
+        """A stage that declares an `ERROR` output (STRING) sends its errors in it: the only way
+        the message reaches a BLS caller in 2.51 (bls.StageStream raises it there)."""
+        if any(t.name == ERROR_OUTPUT for t in self.stage_config.outputs):
+            return pb_utils.InferenceResponse(output_tensors=[bytes_tensor(ERROR_OUTPUT, message)])
+        return super().error_response(message)
+
     async def generate(self, ctx: StreamContext, request: dict[str, Any] | None,
                        inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
         """The stage's responses for one request: `request` is the client's normalized request
@@ -42,13 +57,28 @@ class StageModel(DecoupledModel):
         yield  # pragma: no cover
 
     async def control(self, request: "pb_utils.InferenceRequest", command: str) -> None:
-        if command != "cancel":
+        if command not in ("cancel", "append"):
             return await super().control(request, command)
         rid = (input_bytes(request, "REQUEST_ID") or b"").decode() or (request.request_id() or "")
         target = self.by_request_id.get(rid)
+        if command == "append":
+            text, end = parse_stage_append(input_bytes(request, "REQUEST"))
+            deadline = time.monotonic() + TARGET_WAIT_S
+            while target is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+                target = self.by_request_id.get(rid)
+            if target is None or target.cancelled():
+                raise InvalidRequest("REQUEST_ID", f"{self.model_name} has no open stream {rid!r} to append to")
+            await self.on_append(target, text, end)
+            return
         if target is not None:
             target.cancel()
             self.on_cancel(target)
+
+    async def on_append(self, ctx: StreamContext, text: str, end: bool) -> None:
+        """More text for a running stream (`end`: its input is complete); raise InvalidRequest to
+        refuse it. Stages that read text as it arrives override this."""
+        raise InvalidRequest("CONTROL", f"{self.model_name} takes no text while a stream runs")
 
     def _request(self, ctx: StreamContext) -> dict[str, Any] | None:
         raw = input_bytes(ctx.request, "REQUEST")

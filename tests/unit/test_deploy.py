@@ -152,4 +152,4 @@ def test_family_options_take_their_defaults():
     cfg = check_options(parse_deploy({"pipeline": "qwen3_tts", "stages": [
         {"stage_id": 0, "options": {"subtalker_top_k": 7}}]}), get_pipeline("qwen3_tts"))
     assert cfg.stage(0).options == {"subtalker_do_sample": None, "subtalker_temperature": None,
-                                    "subtalker_top_k": 7, "subtalker_top_p": None}
+                                    "subtalker_top_k": 7, "subtalker_top_p": None, "text_wait_s": 30.0}

@@ -8,6 +8,10 @@ check it; the talker stage encodes it (once per recording and mode, then from it
 Validation runs the real prompt builder (config + tokenizer, no weights), so an unknown speaker
 or language, instructions on a checkpoint that takes none, or a VoiceDesign request without
 instructions is rejected by the entry model before any stage is touched.
+
+``streaming_input``: the text arrives in pieces while the request runs (the first piece is TEXT,
+the rest come as ``CONTROL=append``, omni_backend/triton/text_input.py); it is read in
+streaming-text mode (``non_streaming_mode`` false) and cannot be an in-context voice clone.
 """
 from __future__ import annotations
 
@@ -49,6 +53,8 @@ class Qwen3TTSAdapter(TTSAdapter):
               help="Base: voice to clone, data URL or base64 of wav/flac/mp3 (1-30 s, <= 10 MiB)"),
         Param("ref_text", str, max_len=4096, help="Base: transcript of ref_audio (required unless x_vector_only_mode)"),
         Param("x_vector_only_mode", bool, help="Base: clone from the speaker embedding only (no ref_text)"),
+        Param("streaming_input", bool, help="the text arrives in pieces while the request runs "
+                                            "(CONTROL=append with this request's id; the last with end)"),
     )
 
     def __init__(self, context: dict[str, Any] | None = None):
@@ -104,10 +110,18 @@ class Qwen3TTSAdapter(TTSAdapter):
         if params.get("instructions") and self.builder.config.ignores_instructions:
             raise InvalidRequest("instructions", "this checkpoint (0.6B CustomVoice) takes no instructions")
         clone = self._check_voice_clone(kind, params)
+        streamed = None
+        if params.get("streaming_input"):
+            if params.get("non_streaming_mode"):
+                raise InvalidRequest("non_streaming_mode", "streaming_input reads the text as it arrives "
+                                                           "(streaming-text mode); non_streaming_mode must be false")
+            params["non_streaming_mode"] = False
+            streamed = tuple(self.builder.tokenizer.encode(f"assistant\n{text}"))   # stands in for the final ids
         # Builds the real prompt: raises InvalidRequest naming voice / language / instructions.
         self.builder.build(text, speaker=params.get("voice"), language=params.get("language"),
                            instruct=params.get("instructions"),
-                           non_streaming_mode=params.get("non_streaming_mode"), voice_clone=clone)
+                           non_streaming_mode=params.get("non_streaming_mode"), voice_clone=clone,
+                           streamed_ids=streamed)
         return params
 
     def _check_voice_clone(self, kind: str, params: dict[str, Any]):

@@ -10,12 +10,18 @@ from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
 
 # Deploy defaults for the code predictor's sampling (codebooks 1..15); unset: the checkpoint's
 # generation_config.json. A request's own subtalker_* parameters override them.
-TALKER_OPTIONS = (
+CODE_PREDICTOR_OPTIONS = (
     Param("subtalker_do_sample", bool),
     Param("subtalker_temperature", float, lo=1e-3, hi=5.0),
     Param("subtalker_top_k", int, lo=0, hi=2048),
     Param("subtalker_top_p", float, lo=1e-3, hi=1.0),
 )
+# How long a request whose text arrives in pieces (streaming_input) may wait for more text, for
+# its first text token or, once running, with all text that arrived already read: then it ends
+# with `invalid_request: text: ...` and frees its slot.
+TEXT_WAIT_OPTION = Param("text_wait_s", float, default=30.0, lo=0.1, hi=3600.0,
+                         help="seconds a streaming_input request may wait for more text")
+TALKER_OPTIONS = CODE_PREDICTOR_OPTIONS + (TEXT_WAIT_OPTION,)
 
 
 def _qwen3_tts(name: str, description: str, default_model: str | None) -> PipelineConfig:
@@ -28,7 +34,8 @@ def _qwen3_tts(name: str, description: str, default_model: str | None) -> Pipeli
         default_model=default_model,
         stages=(
             StageConfig(stage_id=0, model_stage="talker", kind="stream", options=TALKER_OPTIONS,
-                        outputs=(TensorSpec("CODES", "INT64", (-1, -1)), TensorSpec("CONTEXT_CODES", "INT64", (-1, -1))),
+                        outputs=(TensorSpec("CODES", "INT64", (-1, -1)), TensorSpec("CONTEXT_CODES", "INT64", (-1, -1)),
+                                 TensorSpec("ERROR", "STRING", (1,))),   # its errors, as data (triton/stage.py)
                         triton_class="omni_backend.models.qwen3_tts.talker_stage.Qwen3TalkerStage"),
             StageConfig(stage_id=1, model_stage="code2wav", kind="batched", input_sources=(0,), final_output=True,
                         inputs=(TensorSpec("CODES", "INT64", (-1, -1)), TensorSpec("LEFT_CONTEXT", "INT32", (1,))),

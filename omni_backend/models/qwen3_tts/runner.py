@@ -344,7 +344,8 @@ def create_engine(checkpoint: Qwen3TTSCheckpoint | str, max_num_seqs: int = 8, m
                   device: torch.device | str = "cpu", max_prefills_per_step: int = 1,
                   batch_invariant: bool = True, cuda_graph_sizes: Optional[Seq[int]] = None,
                   enforce_eager: bool = False, static_step: Optional[bool] = None,
-                  shortest_attention: int = SHORTEST_LENGTH_BUCKET) -> AREngine:
+                  shortest_attention: int = SHORTEST_LENGTH_BUCKET,
+                  max_input_wait_s: Optional[float] = None) -> AREngine:
     """An :class:`AREngine` over a checkpoint (a loaded one or a folder path). The engine's default
     sampling parameters are the checkpoint's ``generation_config.json``. On CUDA the decode step
     is captured as CUDA graphs per ``cuda_graph_sizes`` bucket and attention length (doubling
@@ -359,4 +360,5 @@ def create_engine(checkpoint: Qwen3TTSCheckpoint | str, max_num_seqs: int = 8, m
                             cuda_graph_sizes=tuple(cuda_graph_sizes) if cuda_graph_sizes else (1, 2, 4, 8, 16),
                             enforce_eager=enforce_eager, shortest_attention=shortest_attention)
     return AREngine(runner, max_prefills_per_step=max_prefills_per_step, num_threads=num_threads,
-                    default_params=sampling_params_from_defaults(checkpoint.generation))
+                    default_params=sampling_params_from_defaults(checkpoint.generation),
+                    max_input_wait_s=max_input_wait_s)

@@ -9,9 +9,18 @@ voice used again is not re-encoded (``omni_voice_encodings_total`` counts the en
 in-context mode the first response also carries CONTEXT_CODES [ref frames, 16]: the entry decodes
 the new frames with them as codec left context (the reference decodes ref + new codes and cuts
 the reference part off), and never emits their audio.
+
+Text that arrives in pieces (``streaming_input``): the request's TEXT is the first piece, the rest
+come as ``CONTROL=append`` (``on_append``). :class:`~.streamed_text.StreamedText` turns them into
+the ids the whole text would get; the request enters the engine once its first text id is final,
+and every id that becomes final later goes to the engine (``append_input``), the end of the input
+with the last. A request that has read all the text that arrived waits in the engine, holding its
+slot; one that waits longer than the deploy's ``text_wait_s`` (for its first id, or for more text
+while running) ends with ``invalid_request: text: ...``.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import os
@@ -23,27 +32,65 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.engine import AsyncEngine, SamplingParams
-from omni_backend.errors import PipelineError
+from omni_backend.errors import InvalidRequest, PipelineError
 from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
 from omni_backend.models.qwen3_tts.runner import create_engine
+from omni_backend.models.qwen3_tts.family import TEXT_WAIT_OPTION
+from omni_backend.models.qwen3_tts.sampling_params import FIELDS as CODE_PREDICTOR_FIELDS
 from omni_backend.models.qwen3_tts.sampling_params import code_predictor_params, sampling_params_from_request
+from omni_backend.models.qwen3_tts.streamed_text import StreamedText
 from omni_backend.triton.decoupled import StreamContext
 from omni_backend.triton.stage import StageModel
+
+
+class TextFeed:
+    """One streaming_input request's text: its tokenizer state, and where its final ids go (the
+    engine, once the request is in it)."""
+
+    def __init__(self, streamed: StreamedText):
+        self.streamed = streamed
+        self.first_id = asyncio.Event()   # the prompt can be built
+        self.engine: AsyncEngine | None = None
+        self.request_id = ""
+        self.sent = 0                     # ids handed to the engine (or put in the prompt)
+
+    def push(self, text: str, end: bool) -> None:
+        self.streamed.push(text)
+        if end:
+            self.streamed.finish()
+        if self.streamed.text_ids or self.streamed.ended:
+            self.first_id.set()
+        self.forward()
+
+    def attach(self, engine: AsyncEngine, request_id: str, in_prompt: int) -> None:
+        self.engine, self.request_id, self.sent = engine, request_id, in_prompt
+        self.forward()
+
+    def forward(self) -> None:
+        if self.engine is None:
+            return
+        ids = self.streamed.ids
+        if len(ids) > self.sent or self.streamed.ended:
+            self.engine.append_input(self.request_id, ids[self.sent:], end=self.streamed.ended)
+            self.sent = len(ids)
 
 
 class Qwen3TalkerStage(StageModel):
     def load(self) -> None:
         sd = self.stage_deploy
+        self.text_wait_s = float(sd.options.get(TEXT_WAIT_OPTION.name) or TEXT_WAIT_OPTION.default)
+        self.text_feeds: dict[str, TextFeed] = {}
         engine = create_engine(resolve_checkpoint(self.model_path), max_num_seqs=sd.max_num_seqs,
                                max_model_len=sd.max_model_len, num_threads=sd.threads, dtype=sd.dtype,
                                device=sd.device, cuda_graph_sizes=sd.cuda_graph_sizes,
                                enforce_eager=sd.enforce_eager, batch_invariant=sd.batch_invariant,
-                               max_prefills_per_step=sd.max_prefills_per_step)
+                               max_prefills_per_step=sd.max_prefills_per_step, max_input_wait_s=self.text_wait_s)
         self.builder = engine.runner.checkpoint.prompt_builder()
         # Deploy-level sampling defaults (every key of default_sampling_params, and the code
         # predictor's subtalker_* from options) override the checkpoint's generation_config.json.
         defaults = engine.default_params
-        code_predictor = dataclasses.replace(defaults.extra, **{k: v for k, v in sd.options.items() if v is not None})
+        code_predictor = dataclasses.replace(defaults.extra, **{k: v for k, v in sd.options.items()
+                                                                if k in CODE_PREDICTOR_FIELDS and v is not None})
         self.default_params = dataclasses.replace(defaults, extra=code_predictor,
                                                   **sd.default_sampling_params).validate()
         code_predictor_params(self.default_params)   # a bad deploy value fails the load, not each request
@@ -95,12 +142,27 @@ class Qwen3TalkerStage(StageModel):
 
     async def generate(self, ctx: StreamContext, request: dict[str, Any],
                        inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        rid = ctx.stage_request_id
+        feed = None
+        if request.get("streaming_input"):   # before any await: appends may come at once
+            feed = self.text_feeds[rid] = TextFeed(StreamedText(self.builder.tokenizer))
+            ctx.resources.append(_Forget(self.text_feeds, rid))
+            feed.push(request["text"], end=False)
         clone = await self._voice_clone(ctx, request)
+        if feed is not None:
+            try:
+                await self.wait(ctx, asyncio.wait_for(feed.first_id.wait(), self.text_wait_s))
+            except asyncio.TimeoutError:
+                raise InvalidRequest("text", f"no word of the text was complete within {self.text_wait_s:g} s "
+                                             "and the input did not end (text_wait_s)") from None
         prompt = self.builder.build(request["text"], speaker=request.get("voice"),
                                     language=request.get("language"), instruct=request.get("instructions"),
-                                    non_streaming_mode=request.get("non_streaming_mode"), voice_clone=clone)
+                                    non_streaming_mode=request.get("non_streaming_mode"), voice_clone=clone,
+                                    streamed_ids=None if feed is None else tuple(feed.streamed.ids))
         context = clone.ref_codes if clone is not None and not clone.x_vector_only else None
-        stream = self.engine.add_request(ctx.stage_request_id, prompt, self.sampling_params(request))
+        stream = self.engine.add_request(rid, prompt, self.sampling_params(request), input_open=feed is not None)
+        if feed is not None:
+            feed.attach(self.engine, rid, len(feed.streamed.ids))
         ctx.resources.append(stream)
         iterator = stream.__aiter__()
         while True:
@@ -110,6 +172,10 @@ class Qwen3TalkerStage(StageModel):
                 return
             if event.finish_reason == "error":
                 raise PipelineError(f"engine: {event.error}")
+            if event.finish_reason == "input_timeout":
+                raise InvalidRequest("text", f"the talker read all the text that arrived and waited "
+                                             f"{self.text_wait_s:g} s for more, which did not come and the "
+                                             "input did not end (text_wait_s)")
             if event.codes is not None:
                 tensors = [pb_utils.Tensor("CODES", np.asarray([event.codes], dtype=np.int64))]
                 if context is not None:
@@ -120,8 +186,24 @@ class Qwen3TalkerStage(StageModel):
             if event.finished:
                 return
 
+    async def on_append(self, ctx: StreamContext, text: str, end: bool) -> None:
+        feed = self.text_feeds.get(ctx.stage_request_id)
+        if feed is None:
+            raise InvalidRequest("streaming_input", "this stream was not opened with streaming_input: true")
+        feed.push(text, end)
+
     def on_cancel(self, ctx: StreamContext) -> None:
         self.engine.cancel(ctx.stage_request_id)
 
     def release_resources(self) -> None:
         self.engine.close(timeout=2.0)
+
+
+class _Forget:
+    """Drops a stream's text feed when the stream is released."""
+
+    def __init__(self, feeds: dict, request_id: str):
+        self.feeds, self.request_id = feeds, request_id
+
+    async def aclose(self) -> None:
+        self.feeds.pop(self.request_id, None)
