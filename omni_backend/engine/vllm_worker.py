@@ -133,6 +133,13 @@ def engine_kwargs(model: str, options: dict[str, Any], scratch: str) -> dict[str
         disable_log_stats=True,
         seed=0,
     )
+    if device == "cpu":
+        # vLLM 0.32 rewinds the generator of a request whose sampled token it discards (a prompt
+        # prefilled in chunks) with set_offset, which CPU generators do not have: one seeded
+        # request caught mid-prefill by a burst failed the whole engine ("CPU Generator does not
+        # use offset"). Whole prompts per step avoid the discard; the budget holds a full prompt.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(int(options["max_model_len"]), 4096)
     if options.get("block_size"):
         kwargs["block_size"] = int(options["block_size"])
     if kv_cache_bytes is not None:

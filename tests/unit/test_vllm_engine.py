@@ -154,6 +154,25 @@ def test_concurrent_requests_equal_their_solo_runs(served):
     assert engine.num_requests == 0
 
 
+def test_a_burst_of_seeded_requests_with_long_prompts(served):
+    """More prompt tokens at once than one step takes (vLLM would prefill some in chunks): with
+    per-request generators that failed the whole engine in vLLM 0.32 on CPU ("CPU Generator does
+    not use offset"); every request must finish, each equal to its solo run."""
+    engine, info = served
+    vocab = info["vocab_size"]
+    prompts = [[(7 * i + 3 * j) % (vocab - 2) for j in range(300)] for i in range(OPTIONS["max_num_seqs"])]
+    params = [SamplingParams(do_sample=True, temperature=0.9, top_p=0.9, repetition_penalty=1.05, seed=i,
+                             max_new_tokens=8, min_new_tokens=0) for i in range(len(prompts))]
+
+    async def burst():
+        return await asyncio.gather(*(_collect(engine, f"b{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))))
+
+    results = asyncio.run(burst())
+    for i, events in enumerate(results):
+        assert events[-1].finish_reason in ("length", "stop"), events[-1]
+        assert _frames(events) == _frames(_run(engine, prompts[i], params[i])), i
+
+
 def test_eos_stops_and_is_not_a_frame(served):
     engine, info = served
     events = _run(engine, EOS_PROMPT, GREEDY)
