@@ -7,7 +7,7 @@ import logging
 import sys
 
 from client.speech_api.auth import ENV_VAR, load_api_keys
-from client.speech_api.config import ShimConfig
+from client.speech_api.config import ShimConfig, StreamLimits
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,12 +26,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="how often each Triton is health-checked (default 1.0)")
     ap.add_argument("--voices-dir", default=None, metavar="DIR",
                     help="where uploaded voices are stored (default $OMNI_VOICES_DIR or $OMNI_CACHE_DIR/voices, ~/.cache/omni-triton/voices)")
+    ap.add_argument("--ws-idle-timeout", type=float, default=30.0, metavar="SECONDS",
+                    help="WS /v1/audio/speech/stream: close a session with no message while idle (default 30)")
+    ap.add_argument("--ws-max-session-s", type=float, default=600.0, metavar="SECONDS",
+                    help="WS /v1/audio/speech/stream: longest life of one connection (default 600)")
+    ap.add_argument("--ws-max-text-chars", type=int, default=65536, metavar="N",
+                    help="WS /v1/audio/speech/stream: most text in one utterance (default 65536)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = ap.parse_args(argv)
     if args.max_streams_per_pipeline < 0:
         ap.error("--max-streams-per-pipeline must be >= 0")
     if args.probe_interval <= 0:
         ap.error("--probe-interval must be > 0")
+    if min(args.ws_idle_timeout, args.ws_max_session_s) <= 0 or args.ws_max_text_chars < 1:
+        ap.error("--ws-idle-timeout and --ws-max-session-s must be > 0, --ws-max-text-chars >= 1")
     return args
 
 
@@ -47,10 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     # request handlers and encoder threads: each would keep a glibc heap at its own peak
     bound_malloc_retention()
 
+    limits = StreamLimits(idle_timeout_s=args.ws_idle_timeout, max_session_s=args.ws_max_session_s,
+                          max_text_chars=args.ws_max_text_chars)
     config = ShimConfig(tritons=args.triton or ["localhost:8001"], api_keys=load_api_keys(args.api_key),
                         max_streams_per_pipeline=args.max_streams_per_pipeline,
                         default_pipeline=args.default_pipeline, probe_interval_s=args.probe_interval,
-                        voices_dir=args.voices_dir)
+                        voices_dir=args.voices_dir, stream_limits=limits)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False, timeout_graceful_shutdown=5)
     return 0

@@ -5,6 +5,18 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class StreamLimits:
+    """Limits of a `WS /v1/audio/speech/stream` session (client/speech_api/speech_stream.py)."""
+    config_timeout_s: float = 10.0      # the first message (session.config) must come within this
+    idle_timeout_s: float = 30.0        # no client message while nothing is being spoken: closed
+    max_session_s: float = 600.0        # a connection's whole life
+    max_text_chars: int = 65536         # text of one utterance (all its input.text together)
+    max_message_bytes: int = 16 * 1024 * 1024   # session.config may carry ref_audio
+    max_text_message_bytes: int = 128 * 1024
+    send_timeout_s: float = 10.0        # a client that reads no audio this long is cut off
+
+
+@dataclass
 class ShimConfig:
     tritons: list[str] = field(default_factory=lambda: ["localhost:8001"])
     api_keys: tuple[str, ...] = ()
@@ -12,4 +24,5 @@ class ShimConfig:
     default_pipeline: str = "hibari"        # what tts-1, tts-1-hd and gpt-4o-mini-tts mean
     probe_interval_s: float = 1.0
     retry_after_s: float = 1.0
+    stream_limits: StreamLimits = field(default_factory=StreamLimits)
     voices_dir: str | None = None           # uploaded voices; None: $OMNI_VOICES_DIR or $OMNI_CACHE_DIR/voices, ~/.cache/omni-triton/voices

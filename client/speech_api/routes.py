@@ -1,11 +1,11 @@
-"""The HTTP surface: speech, models, voices, health and the web page."""
+"""The HTTP surface: speech, models, voices, health and the web page; the speech WebSocket."""
 from __future__ import annotations
 
 import asyncio
 import json
 from pathlib import Path
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse
 
 from client.speech_api.catalog import OPENAI_MODEL_ALIASES
@@ -15,6 +15,7 @@ from client.speech_api.errors import ApiError, invalid_request, model_not_found,
 from client.speech_api.request import body_error, build_triton_params, parse_speech_body
 from client.speech_api.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
 from client.speech_api.response import AudioStreamResponse
+from client.speech_api.speech_stream import SpeechStreamSession
 from client.speech_api.synthesis import SpeechSynthesis
 from client.speech_api.voices import MAX_AUDIO_BYTES
 
@@ -203,6 +204,18 @@ async def create_speech(request: Request):
         headers["x-omni-ignored-fields"] = ",".join(triton_request.ignored)
     media = SSE_CONTENT_TYPE if speech.stream_format == "sse" else CONTENT_TYPES[speech.response_format]
     return AudioStreamResponse(synthesis.body(), media_type=media, headers=headers)
+
+
+@router.websocket("/v1/audio/speech/stream")
+async def speech_stream(websocket: WebSocket) -> None:
+    """Text in as it is written, audio out as it is made (client/speech_api/speech_stream.py)."""
+    shim = websocket.app.state.shim
+    try:
+        shim.api_keys.check(websocket.headers.get("authorization"))
+    except ApiError:
+        await websocket.close(code=1008, reason="invalid_api_key")
+        return
+    await SpeechStreamSession(websocket, shim).run()
 
 
 __all__ = ["router", "STATIC_DIR"]

@@ -1,0 +1,447 @@
+"""`WS /v1/audio/speech/stream`: text in as it is written, audio out as it is made.
+
+Wire-compatible with vLLM-Omni's endpoint. Client messages (JSON text frames): `session.config`
+(first; again between utterances to change it; stream_config.py), `input.text` (`text`),
+`input.done` (ends the utterance; the connection stays), `session.close`. Server messages:
+`audio.start` (`utterance_index`, `sentence_index`, `sentence_text`, `format`, `sample_rate`),
+the audio as binary frames (with `audio_transport: json`: `audio.chunk` messages carrying
+`audio_b64`), `audio.done` (`total_bytes`, `error`), `session.done` (`utterance_index`,
+`total_sentences`: the utterance is over, not the connection), and `error` (`message` starting with
+our stable code `invalid_request` / `unavailable` / `internal`, `code`, `param`).
+
+`split_granularity` decides how text becomes requests: `none` one request per utterance at
+`input.done`; `sentence` / `clause` a request per unit as soon as it is complete (text_splitter.py),
+spoken one after another; `append` one request per utterance that opens with the first words and
+takes the rest as it arrives (client/triton_text_stream.py), so speech starts before the text is
+complete and keeps one prosody. Utterances are spoken in order; each unit's audio is a stream of
+its own in `response_format` (a new header for wav).
+
+Limits (config.StreamLimits): the first message within `config_timeout_s`; `idle_timeout_s`
+without a message while nothing is being spoken closes the session; `max_session_s` per
+connection; `max_text_chars` per utterance; message sizes. Back-pressure: audio is read from
+Triton only as fast as the client takes it (each send waits for the socket), and a client that
+takes nothing for `send_timeout_s` is cut off, so a slow client never makes the server buffer
+without bound. A client that disconnects cancels whatever it started (the Triton streams end,
+their slots are freed).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+import numpy as np
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from client.speech_api.encoders import make_encoder
+from client.speech_api.encoders.base import pcm16
+from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
+from client.speech_api.resample import Resampler
+from client.speech_api.speed import TimeStretch
+from client.speech_api.stream_config import SessionConfig, error_message, parse_session_config
+from client.speech_api.text_splitter import TextSplitter
+from client.triton_stream import TritonStreamError
+
+log = logging.getLogger("omni.speech_api")
+
+
+class SlowClient(Exception):
+    """The client took no audio for `send_timeout_s`."""
+
+
+class ClientGone(Exception):
+    """The socket is closed."""
+
+
+class AudioPipe:
+    """One unit's audio: time-stretch (speed), resample (sample_rate), encode (response_format)."""
+
+    def __init__(self, config: SessionConfig, rate: int):
+        self.format = config.response_format
+        self.out_rate = config.sample_rate or rate
+        stretch = config.request.speed.stretch
+        self.stretch = TimeStretch(stretch, rate) if stretch != 1.0 else None
+        self.resampler = Resampler(rate, self.out_rate) if self.out_rate != rate else None
+        # pcm is sent at the session's rate (the HTTP API's pcm is always 24 kHz)
+        self.encoder = None if self.format == "pcm" else make_encoder(self.format, self.out_rate)
+
+    def push(self, audio: np.ndarray) -> bytes:
+        if self.stretch is not None:
+            audio = self.stretch.push(audio)
+        if self.resampler is not None:
+            audio = self.resampler.push(audio)
+        return pcm16(audio) if self.encoder is None else self.encoder.encode(audio)
+
+    def finish(self) -> bytes:
+        tail = np.zeros(0, np.float32)
+        if self.stretch is not None:
+            tail = self.stretch.flush()
+        if self.resampler is not None:
+            tail = np.concatenate([self.resampler.push(tail), self.resampler.flush()])
+        if self.encoder is None:
+            return pcm16(tail)
+        return (self.encoder.encode(tail) if tail.size else b"") + self.encoder.finish()
+
+
+class Utterance:
+    """Text between two `input.done`s and its audio; speaks after the utterance before it."""
+
+    def __init__(self, session: "SpeechStreamSession", index: int, previous: "Utterance | None"):
+        self.session = session
+        self.config = session.config
+        self.index = index
+        self.previous = previous
+        self.chars = 0
+        self.done_received = False
+        self.sentences = 0
+        self.text = ""
+        self.splitter = TextSplitter("none" if self.config.split == "append" else self.config.split)
+        self.queue: asyncio.Queue = asyncio.Queue()   # units (split modes) or pieces (append); None ends
+        self.task = asyncio.ensure_future(self._run())
+
+    @property
+    def busy(self) -> bool:
+        return not self.task.done()
+
+    def add_text(self, text: str) -> None:
+        limit = self.session.limits.max_text_chars
+        if self.chars + len(text) > limit:
+            raise invalid_request("input.text", f"input.text: the utterance would be {self.chars + len(text)} "
+                                                f"characters; the limit is {limit}", code="string_above_max_length")
+        self.chars += len(text)
+        self.text += text
+        if self.config.split == "append":
+            self.queue.put_nowait(text)
+        else:
+            for unit in self.splitter.feed(text):
+                self.queue.put_nowait(unit)
+
+    def finish(self) -> None:
+        self.done_received = True
+        if self.config.split != "append":
+            for unit in self.splitter.flush():
+                self.queue.put_nowait(unit)
+        self.queue.put_nowait(None)
+
+    async def wait(self) -> None:
+        await asyncio.gather(self.task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        if self.previous is not None:
+            await self.previous.wait()
+        try:
+            if self.config.split == "append":
+                await self._speak_appended()
+            else:
+                while (unit := await self.queue.get()) is not None:
+                    await self._speak_unit(unit)
+            await self.session.send_json({"type": "session.done", "utterance_index": self.index,
+                                          "total_sentences": self.sentences})
+        except (ClientGone, SlowClient, asyncio.CancelledError):
+            raise
+        except Exception:  # noqa: BLE001 - the session goes on; the client was told
+            log.exception("utterance %d failed", self.index)
+
+    # -- one request per unit (none / sentence / clause)
+    async def _speak_unit(self, text: str) -> None:
+        sentence = self.sentences
+        self.sentences += 1
+        request = self.config.request
+        pool, limiter = self.session.shim.pool, self.session.shim.limiter
+        await self._start_message(sentence, text)
+        total, stream, admitted = 0, None, False
+        try:
+            limiter.acquire(request.pipeline)
+            admitted = True
+            stream = await pool.open_stream(request.pipeline, text, request.params, self.session.request_id())
+            total = await self._send_audio(sentence, stream.chunks())
+            failed = False
+        except (ApiError, TritonStreamError) as e:
+            failed = True
+            await self.session.send_error(e if isinstance(e, ApiError) else from_triton(str(e)))
+        finally:
+            if stream is not None:
+                await stream.aclose()
+            if admitted:
+                limiter.release(request.pipeline)
+        await self._done_message(sentence, total, failed)
+
+    # -- one request that takes the text as it arrives (append)
+    async def _speak_appended(self) -> None:
+        from client.triton_text_stream import TextInputStream
+
+        first, ended = "", False
+        while not first.strip():
+            piece = await self.queue.get()
+            if piece is None:
+                ended = True
+                break
+            first += piece
+        if not first.strip():
+            return   # an utterance without words: nothing to speak
+        request = self.config.request
+        shim = self.session.shim
+        endpoint = shim.pool.choose(request.pipeline, [])
+        if endpoint is None:   # all looked down: maybe one just came back
+            await shim.pool.probe_all()
+            endpoint = shim.pool.choose(request.pipeline, [])
+        if endpoint is None:
+            await self.session.send_error(no_backend(f"No Triton endpoint can serve '{request.pipeline}' now", 1.0))
+            return
+        self.sentences = 1
+        await self._start_message(0, first)
+        shim.limiter.acquire(request.pipeline)
+        endpoint.active += 1
+        stream = TextInputStream(endpoint.client, request.pipeline, request.params, self.session.request_id())
+        chunks = stream.start(first)
+        feeder = None if ended else asyncio.ensure_future(self._feed(stream))
+        total, failed = 0, False
+        try:
+            if ended:
+                await stream.end()
+            total = await self._send_audio(0, chunks)
+            if feeder is not None:
+                await feeder
+        except (ApiError, TritonStreamError) as e:
+            failed = True
+            await self.session.send_error(e if isinstance(e, ApiError) else from_triton(str(e)))
+        finally:
+            if feeder is not None and not feeder.done():
+                feeder.cancel()
+                await asyncio.gather(feeder, return_exceptions=True)
+            await stream.aclose()
+            endpoint.active -= 1
+            shim.limiter.release(request.pipeline)
+        await self._done_message(0, total, failed, text=self.text)
+
+    async def _feed(self, stream) -> None:
+        """Pieces to Triton in order; those that arrive while one is on its way go together."""
+        while True:
+            pieces = [await self.queue.get()]
+            while not self.queue.empty() and pieces[-1] is not None:
+                pieces.append(self.queue.get_nowait())
+            end = pieces[-1] is None
+            text = "".join(p for p in pieces if p is not None)
+            if text:
+                await stream.append(text)
+            if end:
+                await stream.end()
+                return
+
+    # -- messages
+    async def _start_message(self, sentence: int, text: str) -> None:
+        await self.session.send_json({"type": "audio.start", "utterance_index": self.index, "sentence_index": sentence,
+                                      "sentence_text": text, "format": self.config.response_format})
+
+    async def _done_message(self, sentence: int, total: int, failed: bool, text: str | None = None) -> None:
+        message = {"type": "audio.done", "utterance_index": self.index, "sentence_index": sentence,
+                   "total_bytes": total, "error": failed}
+        if text is not None:
+            message["sentence_text"] = text
+        await self.session.send_json(message)
+
+    async def _send_audio(self, sentence: int, chunks: AsyncIterator[tuple[np.ndarray, int]]) -> int:
+        pipe, total, chunk_id = None, 0, 0
+        loop = asyncio.get_running_loop()
+        async for audio, rate in chunks:
+            if pipe is None:
+                pipe = AudioPipe(self.config, rate)
+            data = await loop.run_in_executor(None, pipe.push, audio)
+            if data:
+                await self.session.send_audio(data, self.index, sentence, chunk_id, pipe.out_rate)
+                chunk_id += 1
+                total += len(data)
+        if pipe is not None:
+            data = await loop.run_in_executor(None, pipe.finish)
+            if data:
+                await self.session.send_audio(data, self.index, sentence, chunk_id, pipe.out_rate)
+                total += len(data)
+        return total
+
+
+class SpeechStreamSession:
+    def __init__(self, ws: WebSocket, shim: Any):
+        self.ws = ws
+        self.shim = shim
+        self.limits = shim.config.stream_limits
+        self.config: SessionConfig | None = None
+        self.utterance: Utterance | None = None      # the one taking text now (no input.done yet)
+        self.utterances: list[Utterance] = []
+        self.next_index = 0
+        self._send_lock = asyncio.Lock()
+        self._requests = 0
+        self.session_id = uuid.uuid4().hex[:16]
+
+    def request_id(self) -> str:
+        self._requests += 1
+        return f"ws-{self.session_id}-{self._requests}"
+
+    # -- sending (one message at a time; each waits for the socket, bounded by send_timeout_s)
+    async def _send(self, message: dict) -> None:
+        async with self._send_lock:
+            try:
+                await asyncio.wait_for(self.ws.send(message), self.limits.send_timeout_s)
+            except asyncio.TimeoutError:
+                raise SlowClient() from None
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                raise ClientGone() from None
+
+    async def send_json(self, payload: dict) -> None:
+        await self._send({"type": "websocket.send", "text": json.dumps(payload, ensure_ascii=False)})
+
+    async def send_audio(self, data: bytes, utterance: int, sentence: int, chunk_id: int, rate: int) -> None:
+        if self.config.transport == "json":
+            await self.send_json({"type": "audio.chunk", "utterance_index": utterance, "sentence_index": sentence,
+                                  "chunk_id": chunk_id, "format": self.config.response_format, "sample_rate": rate,
+                                  "audio_b64": base64.b64encode(data).decode("ascii")})
+        else:
+            await self._send({"type": "websocket.send", "bytes": data})
+
+    async def send_error(self, error: ApiError) -> None:
+        await self.send_json(error_message(error))
+
+    # -- the session
+    async def run(self) -> None:
+        await self.ws.accept()
+        reader = asyncio.ensure_future(self._receive())
+        try:
+            done, _ = await asyncio.wait({reader}, timeout=self.limits.max_session_s)
+            if not done:
+                await self._fail(invalid_request("session", f"session: longer than {self.limits.max_session_s:g} s; "
+                                                            "closing (max session length)"))
+            elif reader.exception() is not None and not isinstance(reader.exception(), ClientGone):
+                raise reader.exception()
+        except SlowClient:
+            await self._fail(invalid_request("session", f"session: the client took no audio for "
+                                                        f"{self.limits.send_timeout_s:g} s; closing (back-pressure)"))
+        except ClientGone:
+            pass
+        except Exception as e:  # noqa: BLE001 - a bug still ends with a coded error
+            log.exception("speech stream session failed")
+            await self._fail(internal(f"{type(e).__name__}: {e}"))
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            for utterance in self.utterances:   # cancels the Triton streams they hold
+                utterance.task.cancel()
+            await asyncio.gather(*(u.task for u in self.utterances), return_exceptions=True)
+            try:
+                await self.ws.close()
+            except Exception:  # noqa: BLE001 - already closed by the client
+                pass
+
+    async def _fail(self, error: ApiError) -> None:
+        try:
+            async with self._send_lock:
+                await asyncio.wait_for(self.ws.send({"type": "websocket.send",
+                                                     "text": json.dumps(error_message(error))}), 1.0)
+        except Exception:  # noqa: BLE001 - the client may be gone or stuck
+            pass
+
+    def _speaking(self) -> bool:
+        return any(u.busy for u in self.utterances)
+
+    async def _receive(self) -> None:
+        while True:
+            timeout = self.limits.config_timeout_s if self.config is None else self.limits.idle_timeout_s
+            try:
+                message = await asyncio.wait_for(self.ws.receive(), timeout)
+            except asyncio.TimeoutError:
+                if self.config is not None and self._speaking():
+                    continue   # waiting for audio to be spoken is not idling
+                what = "no session.config" if self.config is None else "no message"
+                await self._fail(invalid_request("session", f"session: {what} for {timeout:g} s; closing "
+                                                            f"({'config' if self.config is None else 'idle'} timeout)"))
+                return
+            if message["type"] == "websocket.disconnect":
+                raise ClientGone()
+            if await self._handle(message) is False:
+                return
+            self.utterances = [u for u in self.utterances if u.busy or u is self.utterance]
+
+    async def _handle(self, message: dict) -> bool:
+        """One client message; False ends the session."""
+        raw = message.get("text")
+        if raw is None:
+            await self.send_error(invalid_request(None, "binary messages are not accepted; send JSON text"))
+            return self.config is not None
+        size = len(raw.encode("utf-8", "surrogatepass"))
+        try:
+            msg = json.loads(raw) if size <= self.limits.max_message_bytes else None
+        except ValueError:
+            msg = "bad"
+        if msg is None:
+            await self.send_error(invalid_request(None, f"message of {size} bytes is too large",
+                                                  code="request_too_large"))
+            return self.config is not None
+        if not isinstance(msg, dict):
+            await self.send_error(invalid_request(None, "messages must be JSON objects"))
+            return self.config is not None
+        kind = msg.get("type")
+        if kind != "session.config" and size > self.limits.max_text_message_bytes:
+            await self.send_error(invalid_request("input.text", f"input.text: message of {size} bytes is too large "
+                                                                f"(limit {self.limits.max_text_message_bytes})",
+                                                  code="request_too_large"))
+            return True
+        if kind == "session.config":
+            if self.utterance is not None:
+                await self.send_error(invalid_request("session.config", "session.config: not while an utterance "
+                                                                        "is in progress; send input.done first"))
+                return True
+            try:
+                self.config = parse_session_config(msg, self._resolve, self.shim.catalog, self.shim.voices)
+            except ApiError as e:
+                await self.send_error(e)
+                return self.config is not None   # a bad first config ends the session
+            return True
+        if self.config is None:
+            await self.send_error(invalid_request("type", f"type: expected session.config first, got {kind!r}"))
+            return False
+        if kind == "input.text":
+            text = msg.get("text", "")
+            if not isinstance(text, str):
+                await self.send_error(invalid_request("text", "text: input.text needs a string"))
+                return True
+            if not text:
+                return True
+            self._open_utterance()
+            try:
+                self.utterance.add_text(text)
+            except ApiError as e:
+                await self.send_error(e)
+            return True
+        if kind == "input.done":
+            self._open_utterance()
+            self.utterance.finish()
+            self.utterance = None
+            return True
+        if kind == "session.close":
+            pending = [u for u in self.utterances if u.done_received]
+            if self.utterance is not None:
+                self.utterance.task.cancel()
+            await asyncio.gather(*(u.task for u in pending), return_exceptions=True)
+            return False
+        await self.send_error(invalid_request("type", f"type: unknown message type {kind!r}"))
+        return True
+
+    def _open_utterance(self) -> None:
+        if self.utterance is None:
+            previous = self.utterances[-1] if self.utterances else None
+            self.utterance = Utterance(self, self.next_index, previous)
+            self.next_index += 1
+            self.utterances.append(self.utterance)
+
+    def _resolve(self, model: str) -> str:
+        pipeline = self.shim.catalog.resolve(model)
+        if pipeline is None:
+            if not self.shim.pool.any_healthy():
+                raise no_backend("No Triton server is reachable", 2.0)
+            raise model_not_found(model, self.shim.catalog.model_names())
+        return pipeline
+
+
+__all__ = ["SpeechStreamSession"]

@@ -1,0 +1,180 @@
+"""`WS /v1/audio/speech/stream` through the speech API and a real tritonserver, with the
+`websockets` client (client/speech_stream_client.py).
+
+* append: greedy audio for text sent in pieces (1 character up to sentences, cut inside words,
+  English and Chinese, at once or paced) equals the audio of the same text sent whole, and audio
+  starts before input.done; 8 concurrent sessions each equal their solo run;
+* sentence mode on hibari speaks each sentence intelligibly (pocketsphinx), one audio.start /
+  audio.done per sentence, session.done with the count; utterances follow on one connection;
+* append on a pipeline that cannot append, a bad config, text over the limit: coded errors;
+* a client that disconnects mid-utterance, and an idle session, free the Triton stream
+  (gauges back to 0).
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+
+import numpy as np
+import pytest
+
+from client.speech_stream_client import SpeechStreamClient, ws_url
+from tests.asr import transcribe, word_error_rate
+from tests.metrics_scrape import metric
+from tests.system.streaming_text_fixtures import GREEDY, QWEN
+
+pytestmark = pytest.mark.system
+pytest_plugins = ["tests.system.streaming_text_fixtures"]
+
+ENGLISH = "Hello world, this is a streaming test. It speaks while an LLM is still writing!"
+CHINESE = "你好，世界。今天天气很好，我们去公园散步吧！"
+APPEND = {"model": QWEN, "voice": "ryan", "language": "english", "response_format": "pcm",
+          "split_granularity": "append", "max_new_tokens": 30, "sampling": {"do_sample": False, "subtalker_do_sample": False}}
+
+
+def _config(**over) -> dict:
+    return {**APPEND, **over}
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\S+\s*", text)
+
+
+async def _utterance(url: str, config: dict, pieces: list[str], delay_s: float = 0.0):
+    async with SpeechStreamClient(url, config) as session:
+        for piece in pieces:
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            await session.send_text(piece)
+        sent_all = time.perf_counter()
+        utterance = await session.finish()
+        return utterance, sent_all
+
+
+def _cuts(text: str, seed: int) -> list[str]:
+    rng, out, i = random.Random(seed), [], 0
+    while i < len(text):
+        n = rng.choice((1, 2, 4, 7))
+        out.append(text[i:i + n])
+        i += n
+    return out
+
+
+def _gauges_zero(triton) -> bool:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if (metric(triton.metrics_url, "omni_active_streams", pipeline=QWEN) == 0
+                and metric(triton.metrics_url, "omni_stage_active_requests", model=f"{QWEN}__talker") == 0):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("lang,text,voice", [("english", ENGLISH, "ryan"), ("chinese", CHINESE, "eric")])
+def test_append_pieces_equal_whole(text_shim, lang, text, voice):
+    url = ws_url(text_shim.url)
+    config = _config(language=lang, voice=voice)
+    whole, _ = asyncio.run(_utterance(url, config, [text]))
+    assert not whole.errors, whole.errors
+    assert len(whole.audio) == (config["max_new_tokens"] - 1) * 1920 * 2
+    kinds = [m["type"] for m in whole.messages]
+    assert kinds == ["audio.start", "audio.done", "session.done"], kinds
+    for pieces, delay in ((list(text), 0.0), (_cuts(text, 1), 0.01), (_words(text), 0.05)):
+        run, _ = asyncio.run(_utterance(url, config, pieces, delay))
+        assert not run.errors, run.errors
+        assert run.audio == whole.audio, (pieces, delay)
+
+
+def test_append_audio_starts_before_the_text_is_complete(text_shim):
+    run, sent_all = asyncio.run(_utterance(ws_url(text_shim.url), _config(), _words(ENGLISH), 0.25))
+    first_audio = next(r.at for r in run.received if r.audio)
+    assert first_audio < sent_all, (first_audio, sent_all)
+
+
+def test_eight_concurrent_sessions_equal_solo(text_shim):
+    url = ws_url(text_shim.url)
+    texts = [f"Session number {i} says hello, and then a little more." for i in range(8)]
+    voices = ["ryan", "vivian", "serena", "aiden", "eric", "dylan", "ryan", "vivian"]
+
+    async def solo_runs():
+        return [(await _utterance(url, _config(voice=v), [t]))[0].audio for t, v in zip(texts, voices)]
+
+    async def together():
+        runs = await asyncio.gather(*(_utterance(url, _config(voice=v), _cuts(t, i), 0.01)
+                                      for i, (t, v) in enumerate(zip(texts, voices))))
+        return [u.audio for u, _ in runs]
+
+    solo = asyncio.run(solo_runs())
+    both = asyncio.run(together())
+    for i, (a, b) in enumerate(zip(solo, both)):
+        assert a and a == b, i
+
+
+def test_sentence_mode_on_hibari_is_intelligible(text_shim):
+    sentences = ["Hello there, this is the first sentence.", "The weather is nice today."]
+    config = {"model": "hibari", "voice": "heart", "response_format": "pcm", "split_granularity": "sentence"}
+
+    async def scenario():
+        async with SpeechStreamClient(ws_url(text_shim.url), config) as session:
+            for word in " ".join(sentences).split(" "):
+                await session.send_text(word + " ")
+            first = await session.finish()
+            await session.send_text("A second utterance.")   # the connection stays
+            second = await session.finish()
+            return first, second
+
+    first, second = asyncio.run(scenario())
+    assert not first.errors and not second.errors
+    starts = [m for m in first.messages if m["type"] == "audio.start"]
+    assert [m["sentence_text"] for m in starts] == sentences
+    assert [m["sentence_index"] for m in starts] == [0, 1]
+    done = first.messages[-1]
+    assert done == {"type": "session.done", "utterance_index": 0, "total_sentences": 2}
+    for text, audio in zip(sentences, first.sentence_audio()):
+        samples = np.frombuffer(audio, "<i2").astype(np.float32) / 32768.0
+        assert word_error_rate(text, transcribe(samples, 24000)) <= 0.25, text
+    assert second.messages[-1] == {"type": "session.done", "utterance_index": 1, "total_sentences": 1}
+
+
+def test_coded_errors(text_shim):
+    async def first_error(config: dict, text: str | None = None) -> dict:
+        async with SpeechStreamClient(ws_url(text_shim.url), config) as session:
+            if text is not None:
+                await session.send_text(text)
+            return (await session.wait_message("error", 30)).message
+
+    error = asyncio.run(first_error({"model": "hibari", "voice": "heart", "split_granularity": "append"}))
+    assert error["code"] == "invalid_request" and error["param"] == "split_granularity", error
+    assert error["message"].startswith("invalid_request: split_granularity:"), error
+    error = asyncio.run(first_error({"model": "nope"}))
+    assert error["code"] == "invalid_request" and error["param"] == "model", error
+    error = asyncio.run(first_error(_config(), "x" * 70000))
+    assert error["code"] == "invalid_request" and error["param"] == "input.text", error
+
+
+def test_disconnect_and_idle_timeout_free_the_stream(text_shim, text_triton):
+    url = ws_url(text_shim.url)
+
+    async def hang_up():
+        async with SpeechStreamClient(url, _config(max_new_tokens=200)) as session:
+            await session.send_text("A long text whose speaker hangs up after the first audio. ")
+            while not any(r.audio for r in session.received):
+                await asyncio.sleep(0.05)
+            assert metric(text_triton.metrics_url, "omni_active_streams", pipeline=QWEN) == 1
+        # the socket is closed here, mid-utterance
+
+    asyncio.run(hang_up())
+    assert _gauges_zero(text_triton)
+
+    async def go_idle():
+        async with SpeechStreamClient(url, _config()) as session:
+            error = await session.wait_message("error", 30)   # idle: the shim's 3 s
+            await asyncio.sleep(0.5)
+            return error.message, session.closed
+
+    message, closed = asyncio.run(go_idle())
+    assert message["code"] == "invalid_request" and "idle" in message["message"], message
+    assert closed is not None
+    assert _gauges_zero(text_triton)
