@@ -49,6 +49,9 @@ def _die_with_parent() -> None:
         pass
 
 
+START_RETRIES = 3   # start-ups killed by a signal before the server was ever ready
+
+
 @dataclass
 class PipelineState:
     pipeline: Pipeline
@@ -71,6 +74,7 @@ class Supervisor:
         self.known_stubs: dict[int, stubs.Stub] = {}
         self.regions: set[str] = set()
         self.server_started = 0.0   # wall-clock start of the current server (its regions are newer)
+        self._start_crashes = 0     # start-ups killed by a signal before any was ready
         self.tasks: set[asyncio.Task] = set()
         self.repository = os.path.realpath(opts.flag("model-repository") or opts.flag("model-store") or ".")
         self.heartbeats = ""   # the folder stubs beat in (stub_process.start_heartbeat), made by run()
@@ -97,7 +101,20 @@ class Supervisor:
             ever_ready = ever_ready or was_ready
             if self.stop_requested.is_set():
                 return 0
-            if not ever_ready:  # a repository or flag that never worked: a start-up error
+            if not ever_ready:
+                # killed by a signal while loading (2.51 can abort in start-up with a
+                # boost::interprocess::lock_exception on a starved host): try again, a few times;
+                # an exit status is a repository or flag that never worked: a start-up error
+                self._start_crashes += 1
+                crashes = self._start_crashes
+                if code is not None and code < 0 and crashes <= START_RETRIES:
+                    log.error("tritonserver died (signal %d) before it was ready; starting it again (%d of %d)",
+                              -code, crashes, START_RETRIES)
+                    try:
+                        await asyncio.wait_for(self.stop_requested.wait(), 1.0)
+                        return 0
+                    except asyncio.TimeoutError:
+                        continue
                 log.error("tritonserver exited with %s before it was ready; not restarting", code)
                 return code or 1
             log.error("tritonserver exited with %s; %s", code,

@@ -189,3 +189,20 @@ def test_an_entry_that_does_not_answer_is_pinged_as_failed():
     with pytest.raises(PingFailed, match=r"^unavailable: hibari: ") as failed:
         asyncio.run(ping())
     assert failed.value.model == "hibari"
+
+
+@pytest.mark.parametrize("program,launches,code", [
+    ("import os; os.abort()", 4, -signal.SIGABRT),   # killed while loading: started again, 3 times
+    ("import sys; sys.exit(1)", 1, 1),               # an exit status: a start-up error, at once
+])
+def test_a_server_killed_before_it_was_ready_is_started_again(monkeypatch, tmp_path, program, launches, code):
+    import sys
+
+    from omni_backend.supervisor import supervisor as module
+
+    log = tmp_path / "launches"
+    script = f"open({str(log)!r}, 'a').write('x'); {program}"
+    monkeypatch.setattr(module.server_binary, "command", lambda args: [sys.executable, "-c", script])
+    sup = _supervisor()
+    assert asyncio.run(sup.run()) == code
+    assert len(log.read_text()) == launches
