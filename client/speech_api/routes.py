@@ -210,8 +210,9 @@ async def create_speech(request: Request):
 async def speech_stream(websocket: WebSocket) -> None:
     """Text in as it is written, audio out as it is made (client/speech_api/speech_stream.py)."""
     shim = websocket.app.state.shim
+    key = websocket.query_params.get("api_key")   # browsers cannot set headers on a WebSocket
     try:
-        shim.api_keys.check(websocket.headers.get("authorization"))
+        shim.api_keys.check(websocket.headers.get("authorization") or (f"Bearer {key}" if key else None))
     except ApiError:
         await websocket.close(code=1008, reason="invalid_api_key")
         return

@@ -236,6 +236,91 @@ async function uploadVoice() {
   }
 }
 
+// Live mode: a WebSocket session whose text is what is typed, sent as it is typed.
+const live = (state.live = { phase: "idle", messages: [], bytes: 0, errors: [], firstAudioMs: null,
+                             firstTextAt: null });
+let liveSocket = null;
+let liveSent = 0;
+
+function liveStatus(text, isError = false) {
+  $("live-status").textContent = text;
+  $("live-status").className = isError ? "error" : "";
+}
+
+function liveStart() {
+  liveStop();
+  Object.assign(live, { phase: "open", messages: [], bytes: 0, errors: [], firstAudioMs: null, firstTextAt: null });
+  audioContext = new AudioContext({ sampleRate: PCM_RATE });   // inside the click: may start audio
+  audioContext.resume();
+  const decode = pcmDecoder();
+  const schedule = pcmPlayer(audioContext);
+  const key = $("apikey").value.trim();
+  const url = new URL("/v1/audio/speech/stream", location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  if (key) url.searchParams.set("api_key", key);   // browsers cannot set headers on a WebSocket
+  liveSocket = new WebSocket(url);
+  liveSocket.binaryType = "arraybuffer";
+  liveSocket.onopen = () => {
+    liveSocket.send(JSON.stringify({ type: "session.config", model: $("model").value, voice: $("voice").value,
+                                     response_format: "pcm", split_granularity: $("live-split").value }));
+    $("live-text").disabled = false;
+    $("live-done").disabled = false;
+    $("live-text").value = "";
+    liveSent = 0;
+    $("live-text").focus();
+    liveStatus("type: audio plays as it is made");
+  };
+  liveSocket.onmessage = (event) => {
+    if (typeof event.data === "string") {
+      const message = JSON.parse(event.data);
+      live.messages.push(message);
+      if (message.type === "error") {
+        live.errors.push(message);
+        liveStatus(message.message, true);
+      } else if (message.type === "session.done") {
+        liveStatus(`utterance ${message.utterance_index} done (${message.total_sentences} request(s))`);
+        live.phase = "done";
+      }
+      return;
+    }
+    const samples = decode(new Uint8Array(event.data));
+    if (live.firstAudioMs === null && live.firstTextAt !== null) live.firstAudioMs = performance.now() - live.firstTextAt;
+    live.bytes += event.data.byteLength;
+    schedule(samples);
+  };
+  liveSocket.onclose = () => {
+    live.phase = live.phase === "done" ? "done" : "closed";
+    $("live-text").disabled = true;
+    $("live-done").disabled = true;
+  };
+}
+
+// Only text added at the end is sent (what is spoken cannot be taken back).
+function liveInput() {
+  const text = $("live-text").value;
+  if (!liveSocket || liveSocket.readyState !== WebSocket.OPEN || text.length <= liveSent) return;
+  if (live.firstTextAt === null) live.firstTextAt = performance.now();
+  liveSocket.send(JSON.stringify({ type: "input.text", text: text.slice(liveSent) }));
+  liveSent = text.length;
+}
+
+function liveDone() {
+  if (liveSocket && liveSocket.readyState === WebSocket.OPEN) {
+    liveInput();
+    liveSocket.send(JSON.stringify({ type: "input.done" }));
+    live.phase = "finishing";
+  }
+}
+
+function liveStop() {
+  if (liveSocket) liveSocket.close();
+  liveSocket = null;
+}
+
+$("live-start").addEventListener("click", liveStart);
+$("live-done").addEventListener("click", liveDone);
+$("live-text").addEventListener("input", liveInput);
+
 $("apikey").value = localStorage.getItem("omniApiKey") || "";
 $("voice-upload").addEventListener("click", uploadVoice);
 $("model").addEventListener("change", loadVoices);

@@ -1,0 +1,60 @@
+"""The web page's live mode in a real headless Chromium: Start opens `WS /v1/audio/speech/stream`,
+text typed into the box goes out as it is typed (append, the tiny Qwen3-TTS), audio plays before
+Done, and Done ends the utterance with session.done."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.system.chromium_cdp import CHROMIUM, Chromium
+from tests.system.streaming_text_fixtures import QWEN
+
+pytest_plugins = ["tests.system.streaming_text_fixtures"]
+pytestmark = pytest.mark.system
+
+
+def _wait(browser: Chromium, expression: str, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = browser.evaluate(expression)
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"page never satisfied {expression}: {browser.evaluate('JSON.stringify(window.omniSpeech.live)')}")
+
+
+def _click(browser: Chromium, selector: str) -> None:
+    browser.evaluate(f"document.querySelector({json.dumps(selector)}).scrollIntoView({{block: 'center'}})")
+    browser.click(selector)
+
+
+def test_live_mode_speaks_while_typing(text_shim, tmp_path):
+    assert os.path.exists(CHROMIUM), "the browser test needs Debian's chromium (apt-get install -y chromium)"
+    browser = Chromium().start()
+    try:
+        browser.navigate(f"{text_shim.url}/")
+        _wait(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
+        browser.evaluate(f"(() => {{ const m = document.getElementById('model'); m.value = {json.dumps(QWEN)};"
+                         " m.dispatchEvent(new Event('change')); })()")
+        _wait(browser, "document.getElementById('voice').options.length > 1", 5)
+        browser.evaluate("document.getElementById('live').open = true")
+        _click(browser, "#live-start")
+        _wait(browser, "!document.getElementById('live-text').disabled", 10)
+        for word in "Hello there, I am typing this sentence while it is being spoken aloud. ".split(" "):
+            browser.evaluate("(() => { const t = document.getElementById('live-text');"
+                             f" t.value += {json.dumps(word + ' ')}; t.dispatchEvent(new Event('input')); }})()")
+            time.sleep(0.15)
+        _wait(browser, "window.omniSpeech.live.bytes > 0", 20)      # audio before Done
+        _click(browser, "#live-done")
+        _wait(browser, "window.omniSpeech.live.phase === 'done'", 60)
+        browser.screenshot(tmp_path / "live.png")
+        live = json.loads(browser.evaluate("JSON.stringify(window.omniSpeech.live)"))
+    finally:
+        browser.stop()
+    assert not live["errors"], live["errors"]
+    kinds = [m["type"] for m in live["messages"]]
+    assert kinds[0] == "audio.start" and kinds[-1] == "session.done", kinds
+    assert live["bytes"] > 0 and live["firstAudioMs"] is not None
