@@ -32,14 +32,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="WS /v1/audio/speech/stream: longest life of one connection (default 600)")
     ap.add_argument("--ws-max-text-chars", type=int, default=65536, metavar="N",
                     help="WS /v1/audio/speech/stream: most text in one utterance (default 65536)")
+    ap.add_argument("--ws-send-timeout", type=float, default=10.0, metavar="SECONDS",
+                    help="WS /v1/audio/speech/stream: cut off a client that takes no audio this long (default 10)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = ap.parse_args(argv)
     if args.max_streams_per_pipeline < 0:
         ap.error("--max-streams-per-pipeline must be >= 0")
     if args.probe_interval <= 0:
         ap.error("--probe-interval must be > 0")
-    if min(args.ws_idle_timeout, args.ws_max_session_s) <= 0 or args.ws_max_text_chars < 1:
-        ap.error("--ws-idle-timeout and --ws-max-session-s must be > 0, --ws-max-text-chars >= 1")
+    if min(args.ws_idle_timeout, args.ws_max_session_s, args.ws_send_timeout) <= 0 or args.ws_max_text_chars < 1:
+        ap.error("--ws-idle-timeout, --ws-max-session-s and --ws-send-timeout must be > 0, "
+                 "--ws-max-text-chars >= 1")
     return args
 
 
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     bound_malloc_retention()
 
     limits = StreamLimits(idle_timeout_s=args.ws_idle_timeout, max_session_s=args.ws_max_session_s,
-                          max_text_chars=args.ws_max_text_chars)
+                          max_text_chars=args.ws_max_text_chars, send_timeout_s=args.ws_send_timeout)
     config = ShimConfig(tritons=args.triton or ["localhost:8001"], api_keys=load_api_keys(args.api_key),
                         max_streams_per_pipeline=args.max_streams_per_pipeline,
                         default_pipeline=args.default_pipeline, probe_interval_s=args.probe_interval,

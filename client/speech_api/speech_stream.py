@@ -141,7 +141,9 @@ class Utterance:
                     await self._speak_unit(unit)
             await self.session.send_json({"type": "session.done", "utterance_index": self.index,
                                           "total_sentences": self.sentences})
-        except (ClientGone, SlowClient, asyncio.CancelledError):
+        except (ClientGone, SlowClient) as e:
+            self.session.stop(e)   # the whole session ends: the client is gone, or takes no audio
+        except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - the session goes on; the client was told
             log.exception("utterance %d failed", self.index)
@@ -174,11 +176,10 @@ class Utterance:
     async def _speak_appended(self) -> None:
         from client.triton_text_stream import TextInputStream
 
-        first, ended = "", False
+        first = ""
         while not first.strip():
             piece = await self.queue.get()
             if piece is None:
-                ended = True
                 break
             first += piece
         if not first.strip():
@@ -198,19 +199,16 @@ class Utterance:
         endpoint.active += 1
         stream = TextInputStream(endpoint.client, request.pipeline, request.params, self.session.request_id())
         chunks = stream.start(first)
-        feeder = None if ended else asyncio.ensure_future(self._feed(stream))
+        feeder = asyncio.ensure_future(self._feed(stream))
         total, failed = 0, False
         try:
-            if ended:
-                await stream.end()
             total = await self._send_audio(0, chunks)
-            if feeder is not None:
-                await feeder
+            await feeder
         except (ApiError, TritonStreamError) as e:
             failed = True
             await self.session.send_error(e if isinstance(e, ApiError) else from_triton(str(e)))
         finally:
-            if feeder is not None and not feeder.done():
+            if not feeder.done():
                 feeder.cancel()
                 await asyncio.gather(feeder, return_exceptions=True)
             await stream.aclose()
@@ -275,6 +273,14 @@ class SpeechStreamSession:
         self._send_lock = asyncio.Lock()
         self._requests = 0
         self.session_id = uuid.uuid4().hex[:16]
+        self.failure: BaseException | None = None   # why an utterance ended the session
+        self._reader: asyncio.Task | None = None
+
+    def stop(self, failure: BaseException) -> None:
+        """End the session from an utterance (the client is gone, or takes no audio)."""
+        self.failure = self.failure or failure
+        if self._reader is not None:
+            self._reader.cancel()
 
     def request_id(self) -> str:
         self._requests += 1
@@ -307,13 +313,16 @@ class SpeechStreamSession:
     # -- the session
     async def run(self) -> None:
         await self.ws.accept()
-        reader = asyncio.ensure_future(self._receive())
+        reader = self._reader = asyncio.ensure_future(self._receive())
         try:
             done, _ = await asyncio.wait({reader}, timeout=self.limits.max_session_s)
+            if self.failure is not None:
+                raise self.failure
             if not done:
                 await self._fail(invalid_request("session", f"session: longer than {self.limits.max_session_s:g} s; "
                                                             "closing (max session length)"))
-            elif reader.exception() is not None and not isinstance(reader.exception(), ClientGone):
+            elif not reader.cancelled() and reader.exception() is not None \
+                    and not isinstance(reader.exception(), ClientGone):
                 raise reader.exception()
         except SlowClient:
             await self._fail(invalid_request("session", f"session: the client took no audio for "

@@ -43,7 +43,7 @@ def text_triton(tmp_path_factory, fresh_builtin_checkpoints):
 def text_shim(text_triton, tmp_path_factory):
     log = tmp_path_factory.mktemp("text_shim") / "shim.log"
     server = ShimProcess([text_triton.grpc_url], log_path=log,
-                         extra_args=["--ws-idle-timeout", "3", "--ws-max-session-s", "120"])
+                         extra_args=["--ws-idle-timeout", "3", "--ws-max-session-s", "120", "--ws-send-timeout", "2"])
     server.start()
     try:
         yield server

@@ -178,3 +178,35 @@ def test_disconnect_and_idle_timeout_free_the_stream(text_shim, text_triton):
     assert message["code"] == "invalid_request" and "idle" in message["message"], message
     assert closed is not None
     assert _gauges_zero(text_triton)
+
+
+def test_a_client_that_reads_nothing_is_cut_off(text_shim, text_triton):
+    """Back-pressure: audio is pulled from Triton only as fast as the client takes it; a client
+    that takes nothing for the send timeout (2 s here) loses its session and its Triton stream,
+    long before the utterance's audio could have been buffered for it."""
+    import json as _json
+
+    from websockets.asyncio.client import connect
+
+    frames = 3000
+    full = (frames - 1) * 1920 * 2 * 2   # pcm at 48 kHz
+
+    async def scenario():
+        async with connect(ws_url(text_shim.url), max_queue=1, max_size=None) as ws:
+            await ws.send(_json.dumps({"type": "session.config", **_config(max_new_tokens=frames, sample_rate=48000)}))
+            await ws.send(_json.dumps({"type": "input.text", "text": "A client that never listens. "}))
+            await ws.send(_json.dumps({"type": "input.done"}))
+            await asyncio.sleep(1.0)
+            assert metric(text_triton.metrics_url, "omni_active_streams", pipeline=QWEN) == 1
+            stopped = await asyncio.to_thread(_gauges_zero, text_triton)   # cut off while we read nothing
+            received = 0
+            try:
+                async for data in ws:
+                    received += len(data) if isinstance(data, bytes) else 0
+            except Exception:  # noqa: BLE001 - the server closed it
+                pass
+            return stopped, received
+
+    stopped, received = asyncio.run(scenario())
+    assert stopped
+    assert received < full, received
