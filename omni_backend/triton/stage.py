@@ -26,14 +26,14 @@ from omni_backend.triton.text_input import TARGET_WAIT_S, parse_stage_append
 
 
 class StageModel(DecoupledModel):
-    error_before_final = True   # read over BLS (see DecoupledModel)
-
     def setup(self) -> None:
         built = built_model(self.parameters, self.model_name)
         self.pipeline, self.deploy, self.model_path = built.pipeline, built.deploy, built.model_path
         self.stage_id = int(self.parameters["stage_id"])
         self.stage_config = self.pipeline.stages[self.stage_id]
         self.stage_deploy = self.deploy.stage(self.stage_id)
+        # read over BLS: a stage that declares an ERROR output sends its errors in it (see error_response)
+        self.error_before_final = any(t.name == ERROR_OUTPUT for t in self.stage_config.outputs)
         self.by_request_id: dict[str, StreamContext] = {}
         self.metrics = StageMetrics(self.model_name)
         self.metrics.active.set(0)   # a reloaded stage starts from the truth, not the dead one's count
@@ -45,7 +45,7 @@ class StageModel(DecoupledModel):
     def error_response(self, message: str) -> "pb_utils.InferenceResponse":
         """A stage that declares an `ERROR` output (STRING) sends its errors in it: the only way
         the message reaches a BLS caller in 2.51 (bls.StageStream raises it there)."""
-        if any(t.name == ERROR_OUTPUT for t in self.stage_config.outputs):
+        if self.error_before_final:
             return pb_utils.InferenceResponse(output_tensors=[bytes_tensor(ERROR_OUTPUT, message)])
         return super().error_response(message)
 
