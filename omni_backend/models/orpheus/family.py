@@ -25,7 +25,8 @@ def _orpheus(name: str, description: str, default_model: str | None, deploy: str
         sample_rate=24000,
         stages=(
             StageConfig(stage_id=0, model_stage="lm", kind="stream", engines=("torch", "vllm"),
-                        outputs=(TensorSpec("CODES", "INT64", (-1,)),),
+                        outputs=(TensorSpec("CODES", "INT64", (-1,)),
+                                 TensorSpec("ERROR", "STRING", (1,))),   # its errors, as data (triton/stage.py)
                         triton_class="omni_backend.models.orpheus.lm_stage.OrpheusLMStage"),
             StageConfig(stage_id=1, model_stage="snac", kind="batched", input_sources=(0,), final_output=True,
                         options=SNAC_OPTIONS,
