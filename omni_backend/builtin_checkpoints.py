@@ -13,11 +13,21 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["cache_root", "written_once"]
+__all__ = ["builtin_name", "cache_root", "written_once"]
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("OMNI_CACHE_DIR", Path.home() / ".cache" / "omni-triton"))
+
+
+def builtin_name(model: str, known: dict) -> str | None:
+    """The built-in a `builtin:<name>` model names (None for a path); an unknown one is an error."""
+    if not model.startswith("builtin:"):
+        return None
+    name = model.split(":", 1)[1]
+    if name not in known:
+        raise ValueError(f"unknown built-in checkpoint {model!r}; known: {', '.join('builtin:' + n for n in known)}")
+    return name
 
 
 def written_once(name: str, version: str, write: Callable[[Path], None]) -> str:

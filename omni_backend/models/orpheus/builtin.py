@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from omni_backend.builtin_checkpoints import written_once
+from omni_backend.builtin_checkpoints import builtin_name, written_once
 
 __all__ = ["BUILTIN", "SNAC_FOLDER", "resolve_checkpoint", "snac_folder"]
 
@@ -20,12 +20,9 @@ _VERSION = "v1"  # bump when a writer changes what it writes
 
 def resolve_checkpoint(model: str) -> str:
     """A checkpoint folder for `model`: a path as given, or a built-in written on first use."""
-    if not model.startswith("builtin:"):
+    name = builtin_name(model, BUILTIN)
+    if name is None:
         return model
-    name = model.split(":", 1)[1]
-    if name not in BUILTIN:
-        raise ValueError(f"unknown built-in checkpoint {model!r}; known: "
-                         f"{', '.join('builtin:' + n for n in BUILTIN)}")
     shape, seed = BUILTIN[name]
 
     def write(folder) -> None:

@@ -8,7 +8,7 @@ wins under a file lock, the others reuse it.
 """
 from __future__ import annotations
 
-from omni_backend.builtin_checkpoints import cache_root, written_once
+from omni_backend.builtin_checkpoints import builtin_name, cache_root, written_once
 
 __all__ = ["BUILTIN", "cache_root", "resolve_checkpoint"]
 
@@ -22,12 +22,9 @@ _VERSION = "v1"  # bump when the writer changes what it writes
 
 def resolve_checkpoint(model: str) -> str:
     """A checkpoint folder for `model`: a path as given, or a built-in written on first use."""
-    if not model.startswith("builtin:"):
+    name = builtin_name(model, BUILTIN)
+    if name is None:
         return model
-    name = model.split(":", 1)[1]
-    if name not in BUILTIN:
-        raise ValueError(f"unknown built-in checkpoint {model!r}; known: "
-                         f"{', '.join('builtin:' + n for n in BUILTIN)}")
     size, model_type, seed = BUILTIN[name]
 
     def write(folder) -> None:
