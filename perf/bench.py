@@ -114,6 +114,27 @@ def run_level(url: str, model: str, concurrency: int, requests: int, params: dic
             "first_error": errors[0] if errors else ""}
 
 
+def serve_levels(repo: Path, pipeline: str, levels: list[int], requests: int, params: dict, log: Path,
+                 label: str) -> tuple[float, float, str, list[dict]]:
+    """Start a server on `repo`, warm it up, run every level; (start-up s, resident MiB of the
+    server and its stubs (and their children), Triton version, rows)."""
+    t0 = time.perf_counter()
+    server = TritonProcess(repo, log_path=log)
+    rows = []
+    try:
+        server.start(timeout_s=900)
+        startup = time.perf_counter() - t0
+        synthesize(server.grpc_url, pipeline, "Warm up.", params)
+        triton_version = server_version(server.grpc_url)
+        for c in levels:
+            print(f"[bench] {label} c={c}", flush=True)
+            rows.append(run_level(server.grpc_url, pipeline, c, requests, params))
+        rss = rss_mib(server.server_pid)   # tritonserver and its stubs, not the supervisor
+    finally:
+        server.stop()
+    return startup, rss, triton_version, rows
+
+
 def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params: dict) -> dict:
     """Engine + code2wav in this process, same schedule: the served path minus Triton."""
     import dataclasses
@@ -244,20 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     # a SIGTERM (a timeout around this script) unwinds through the finally below: the server
     # runs in its own session and would otherwise outlive us
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    t0 = time.perf_counter()
-    server = TritonProcess(repo, log_path=work / "tritonserver.log")
-    rows = []
-    try:
-        server.start(timeout_s=900)
-        startup = time.perf_counter() - t0
-        synthesize(server.grpc_url, args.pipeline, "Warm up.", params)
-        triton_version = server_version(server.grpc_url)
-        for c in levels:
-            print(f"[bench] served c={c}", flush=True)
-            rows.append(run_level(server.grpc_url, args.pipeline, c, args.requests, params))
-        rss = rss_mib(server.server_pid)   # tritonserver and its stubs, not the supervisor
-    finally:
-        server.stop()
+    startup, rss, triton_version, rows = serve_levels(repo, args.pipeline, levels, args.requests, params,
+                                                      work / "tritonserver.log", "served")
 
     inproc: dict[int, dict] = {}
     ref: dict[int, float] = {}
@@ -353,20 +362,8 @@ def orpheus_bench(args, argv, pipeline, deploy_path: str, levels: list[int]) -> 
         deploy = deploy_for_engine(deploy_path, engine, work / f"deploy-{engine}.yaml")
         repo = work / f"repo-{engine}"
         build(args.pipeline, repo, str(deploy), args.model)
-        t0 = time.perf_counter()
-        server = TritonProcess(repo, log_path=work / f"tritonserver-{engine}.log")
-        rows = []
-        try:
-            server.start(timeout_s=900)
-            startup = time.perf_counter() - t0
-            synthesize(server.grpc_url, args.pipeline, "Warm up.", params)
-            triton_version = server_version(server.grpc_url)
-            for c in levels:
-                print(f"[bench] {engine} c={c}", flush=True)
-                rows.append(run_level(server.grpc_url, args.pipeline, c, args.requests, params))
-            rss = rss_mib(server.server_pid)
-        finally:
-            server.stop()
+        startup, rss, triton_version, rows = serve_levels(repo, args.pipeline, levels, args.requests, params,
+                                                          work / f"tritonserver-{engine}.log", engine)
         if engine == "vllm":
             print("[bench] plain vLLM LLM.generate", flush=True)
             plain = plain_vllm(model, str(deploy), levels, args.requests, params, work)

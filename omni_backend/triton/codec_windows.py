@@ -16,13 +16,12 @@ and `window` (frames -> the codec stage's inputs).
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any, AsyncIterator
 
 import numpy as np
 
 from omni_backend.chunking import CodecChunkSchedule
-from omni_backend.triton.transfer import Outputs, StageCall, Transfer
+from omni_backend.triton.transfer import Outputs, SourceReader, StageCall, Transfer
 
 
 class CodecWindows(Transfer):
@@ -57,38 +56,29 @@ class CodecWindows(Transfer):
         (source,) = sources.values()
         schedule = self.schedule(request)
         frames: list[np.ndarray] = []      # context frames, then generated frames
-        state: dict[str, Any] = {"finished": False, "error": None, "context": 0}
-        arrived = asyncio.Event()
+        state = {"context": 0}
 
-        async def read() -> None:
-            try:
-                async for out in source:
-                    if self.context_output in out and not frames:
-                        frames.extend(self.frames(out[self.context_output]))
-                        state["context"] = len(frames)
-                    if self.frames_output in out:
-                        frames.extend(self.frames(out[self.frames_output]))
-                    arrived.set()
-            except BaseException as e:  # handed to the consumer below
-                state["error"] = e
-            finally:
-                state["finished"] = True
-                arrived.set()
+        def arrived(out: Outputs) -> None:
+            if self.context_output in out and not frames:
+                frames.extend(self.frames(out[self.context_output]))
+                state["context"] = len(frames)
+            if self.frames_output in out:
+                frames.extend(self.frames(out[self.frames_output]))
 
-        reader = asyncio.ensure_future(read())
+        reader = SourceReader(source, arrived)
+        emitted = 0
+
+        def next_window():
+            return schedule.next_window(emitted, len(frames) - state["context"], reader.finished)
         try:
-            emitted = 0
             while True:
                 offset = state["context"]
-                window = schedule.next_window(emitted, len(frames) - offset, state["finished"])
+                window = next_window()
                 if window is None:
-                    if state["finished"]:
-                        if isinstance(state["error"], Exception):
-                            raise state["error"]
+                    if reader.finished:
+                        reader.check()
                         return
-                    arrived.clear()
-                    if schedule.next_window(emitted, len(frames) - state["context"], state["finished"]) is None:
-                        await stage.wait(arrived.wait())
+                    await reader.more(stage, lambda: next_window() is not None)
                     continue
                 # the window's context may reach back into the context frames
                 left = min(schedule.left_context_frames, offset + emitted)
@@ -97,6 +87,4 @@ class CodecWindows(Transfer):
                 emitted = window.end_frame
                 yield self.audio(out)
         finally:
-            if not reader.done():
-                reader.cancel()
-                await asyncio.wait({reader})
+            await reader.aclose()

@@ -103,6 +103,47 @@ class Transfer:
         raise NotImplementedError
 
 
+class SourceReader:
+    """A source stream read in a task of its own, so it keeps arriving while the transfer waits on
+    the fed stage: `on_output` is called with each output; `await reader.more(stage)` returns when
+    something arrived or the source ended (`finished`; its error is raised by `check()`)."""
+
+    def __init__(self, source: AsyncIterator[Outputs], on_output) -> None:
+        self.finished = False
+        self.error: BaseException | None = None
+        self._arrived = asyncio.Event()
+        self._source = source
+        self._on_output = on_output
+        self._task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for out in self._source:
+                self._on_output(out)
+                self._arrived.set()
+        except BaseException as e:  # handed to the consumer by check()
+            self.error = e
+        finally:
+            self.finished = True
+            self._arrived.set()
+
+    def check(self) -> None:
+        """Raise the source's error, if it ended with one."""
+        if isinstance(self.error, Exception):
+            raise self.error
+
+    async def more(self, stage: "StageCall", ready) -> None:
+        """Wait until `ready()` is true or the source ended (watching for the client leaving)."""
+        self._arrived.clear()
+        if not ready() and not self.finished:
+            await stage.wait(self._arrived.wait())
+
+    async def aclose(self) -> None:
+        if not self._task.done():
+            self._task.cancel()
+            await asyncio.wait({self._task})
+
+
 class Broadcast:
     """One stage's stream read by several consumers (stages it feeds, or the client too): each
     tap sees every item; the source is read as fast as the fastest tap wants."""

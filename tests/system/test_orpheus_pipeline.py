@@ -22,6 +22,7 @@ import pytest
 from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream, synthesize
 from tests.metrics_scrape import metric
+from tests.system.test_reliability import ready, wait_until
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,40 +130,6 @@ def test_bad_params_are_invalid_request(orpheus_server, params, field):
     assert str(e.value).startswith(f"invalid_request: {field}:"), str(e.value)
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
-def _ready(server) -> int | None:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{server.http_url}/v2/health/ready", timeout=2) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
-
-
-def _wait(predicate, timeout_s: float) -> float:
-    t0 = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - t0 < timeout_s, f"not within {timeout_s} s"
-        time.sleep(0.05)
-    return time.monotonic() - t0
-
-
 def test_a_killed_vllm_worker_ends_streams_and_the_stage_recovers(orpheus_server):
     """Runs last in this module (it reloads the pipeline): kill -9 of the vLLM worker mid-stream.
     Open streams end with `unavailable:` within 5 s, readiness turns false within 5 s, the
@@ -171,8 +138,8 @@ def test_a_killed_vllm_worker_ends_streams_and_the_stage_recovers(orpheus_server
 
     lm = [s for s in stubs.stubs_of(orpheus_server.server_pid) if s.model == f"{VLLM}__lm"]
     assert len(lm) == 1
-    workers = [p for p in _children(lm[0].pid)
-               if b"vllm_worker.py" in open(f"/proc/{p}/cmdline", "rb").read()]
+    children = Path(f"/proc/{lm[0].pid}/task/{lm[0].pid}/children").read_text().split()
+    workers = [int(p) for p in children if b"vllm_worker.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert len(workers) == 1, "the LM stage runs one vLLM worker"
     ends: list[tuple[str, float]] = []
 
@@ -188,7 +155,7 @@ def test_a_killed_vllm_worker_ends_streams_and_the_stage_recovers(orpheus_server
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(3)]
     for t in threads:
         t.start()
-    _wait(lambda: _running(orpheus_server) == 3, 30)
+    wait_until(lambda: _running(orpheus_server) == 3, 30)
     killed = time.monotonic()
     os.kill(workers[0], 9)
     for t in threads:
@@ -197,8 +164,8 @@ def test_a_killed_vllm_worker_ends_streams_and_the_stage_recovers(orpheus_server
     for message, at in ends:
         assert message.startswith("unavailable:"), message
         assert at - killed < 5.0, f"a stream ended {at - killed:.1f} s after the kill"
-    unready = _wait(lambda: _ready(orpheus_server) != 200, 5)
-    healed = _wait(lambda: _ready(orpheus_server) == 200, 180)
+    unready = wait_until(lambda: ready(orpheus_server) != 200, 5)
+    healed = wait_until(lambda: ready(orpheus_server) == 200, 180)
     print(f"streams ended {max(at for _, at in ends) - killed:.2f} s after the kill; not ready after "
           f"{unready:.2f} s; ready again {healed:.1f} s later")
     result = synthesize(orpheus_server.grpc_url, VLLM, "Back again.", {"max_new_tokens": 35, "do_sample": False})

@@ -10,12 +10,11 @@ go together in the next call (one row each).
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any, AsyncIterator
 
 import numpy as np
 
-from omni_backend.triton.transfer import Outputs, StageCall, Transfer
+from omni_backend.triton.transfer import Outputs, SourceReader, StageCall, Transfer
 
 from .snac import window_noise_seed
 from .tokens import WindowCutter
@@ -28,31 +27,15 @@ class SnacWindows(Transfer):
         seed = request.get("seed") or 0
         cutter = WindowCutter()
         ready: list[tuple[int, list[int]]] = []
-        state: dict[str, Any] = {"finished": False, "error": None}
-        arrived = asyncio.Event()
-
-        async def read() -> None:   # frames keep coming while a call is out
-            try:
-                async for out in source:
-                    ready.extend(cutter.add(out["CODES"].reshape(-1).tolist()))
-                    arrived.set()
-            except BaseException as e:  # handed to the consumer below
-                state["error"] = e
-            finally:
-                state["finished"] = True
-                arrived.set()
-
-        reader = asyncio.ensure_future(read())
+        # frames keep coming while a call is out
+        reader = SourceReader(source, lambda out: ready.extend(cutter.add(out["CODES"].reshape(-1).tolist())))
         try:
             while True:
                 if not ready:
-                    if state["finished"]:
-                        if isinstance(state["error"], Exception):
-                            raise state["error"]
+                    if reader.finished:
+                        reader.check()
                         return
-                    arrived.clear()
-                    if not ready and not state["finished"]:
-                        await stage.wait(arrived.wait())
+                    await reader.more(stage, lambda: bool(ready))
                     continue
                 # every window that is ready goes in one call (one row each)
                 batch, ready[:] = list(ready), []
@@ -61,6 +44,4 @@ class SnacWindows(Transfer):
                     "NOISE_SEED": np.asarray([[window_noise_seed(seed, i)] for i, _ in batch], dtype=np.int64)})
                 yield {"AUDIO": answer["AUDIO"].reshape(-1)}
         finally:
-            if not reader.done():
-                reader.cancel()
-                await asyncio.wait({reader})
+            await reader.aclose()
