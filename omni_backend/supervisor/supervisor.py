@@ -187,6 +187,8 @@ class Supervisor:
         for state in self.states.values():
             self._record_stubs(state)
         log.info("tritonserver ready (pid %d); watching %s", self.proc.pid, ", ".join(sorted(self.states)) or "nothing")
+        for state in self.states.values():
+            self._heal_if_stub_missing(state)
         return True
 
     # -- health
@@ -210,6 +212,13 @@ class Supervisor:
             self.known_stubs[stub.pid] = stub
             if stub.region:
                 self.regions.add(stub.region)
+
+    def _heal_if_stub_missing(self, state: PipelineState) -> None:
+        """A model of the pipeline with no living stub when its stubs were recorded: its stub died
+        between Triton calling it ready and the recording, so the stub check would never see it."""
+        missing = [m for m in state.pipeline.models if not any(s.model == m for s in state.stubs)]
+        if missing:
+            self._start_heal(state, PingFailed(f"unavailable: {missing[0]}: its stub process exited", missing[0]))
 
     def _check_stubs(self) -> None:
         """A stub that exited, was stopped, or whose heartbeat stopped is noticed here (Triton
@@ -322,6 +331,8 @@ class Supervisor:
             self._record_stubs(state, old)
             self._answered(state, await asyncio.get_running_loop().run_in_executor(None, self.control.progress))
             state.healing = False
+            if not self.stop_requested.is_set():
+                self._heal_if_stub_missing(state)
 
     async def _reload(self, p: Pipeline, why: str) -> None:
         # Open streams hold the entry (Triton finalizes a model only after its last stream), and
@@ -353,8 +364,9 @@ class Supervisor:
             if not any(states.get(m) == "READY" for m in p.models):
                 break
             await asyncio.sleep(0.05)
-        for model in [*p.stages, p.name]:
-            await self.control.load(model)
+        # all at once: loaded one after another, the server called itself ready (unloaded models
+        # do not count) between one model's load and the next, while the entry was still missing
+        await asyncio.gather(*(self.control.load(model) for model in [*p.stages, p.name]))
 
     # -- shutdown
     async def _shutdown(self, exited: asyncio.Future) -> None:

@@ -260,6 +260,17 @@ class DecoupledModel:
             if ctx.task is not None:
                 ctx.task.cancel()   # then it releases what it held, in its own time
 
+    def die(self, reason: PipelineError, exit_code: int = 70) -> None:
+        """This stage cannot serve any more (a process it depends on died): end every open stream
+        with `reason`, let those responses leave, and end the stub, so the supervisor sees a dead
+        stage and reloads it. Callable from any thread but the event loop's."""
+        try:
+            asyncio.run_coroutine_threadsafe(self.abort_all(reason), self.loop).result(5.0)
+        except Exception:  # noqa: BLE001 - the process ends whatever a stream does
+            pb_utils.Logger.log_warn(f"{self.model_name}: streams still open when the stage died")
+        self.responses.close()
+        stub_process.exit_after_finalize(exit_code)
+
     def finalize(self) -> None:
         reason = Unavailable(f"{self.model_name} is being unloaded (restart or shutdown); retry")
         try:

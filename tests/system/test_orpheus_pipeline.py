@@ -22,7 +22,7 @@ import pytest
 from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream, synthesize
 from tests.metrics_scrape import metric
-from tests.system.test_reliability import ready, wait_until
+from tests.system.test_reliability import model_ready, ready, wait_until
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ def test_a_killed_vllm_worker_ends_streams_and_the_stage_recovers(orpheus_server
         assert message.startswith("unavailable:"), message
         assert at - killed < 5.0, f"a stream ended {at - killed:.1f} s after the kill"
     unready = wait_until(lambda: ready(orpheus_server) != 200, 5)
-    healed = wait_until(lambda: ready(orpheus_server) == 200, 180)
+    healed = wait_until(lambda: ready(orpheus_server) == 200 and model_ready(orpheus_server, VLLM), 180)
     print(f"streams ended {max(at for _, at in ends) - killed:.2f} s after the kill; not ready after "
           f"{unready:.2f} s; ready again {healed:.1f} s later")
     result = synthesize(orpheus_server.grpc_url, VLLM, "Back again.", {"max_new_tokens": 35, "do_sample": False})

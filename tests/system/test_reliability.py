@@ -65,6 +65,15 @@ def ready(server: TritonProcess) -> int | None:
         return None
 
 
+def model_ready(server: TritonProcess, model: str) -> bool:
+    """The model's own readiness (the server's counts no model that is unloaded)."""
+    try:
+        with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> float:
     """Seconds until predicate() held; fails after timeout_s."""
     t0 = time.monotonic()
@@ -186,7 +195,7 @@ def test_a_killed_stage_is_noticed_and_the_pipeline_heals(own_server, triton, tm
         assert early.end == "final" or error_code(early.end) == "unavailable", early.end
 
         # healed without a person: ready again, a new stage process, streams work, gauges true
-        wait_until(lambda: ready(server) == 200, 180, 0.2)
+        wait_until(lambda: ready(server) == 200 and model_ready(server, QWEN), 180, 0.2)
         assert wait_until(lambda: shim.health() == 200, 10) < 10
         new_talker = stage_stubs(server, f"{QWEN}__talker")
         assert len(new_talker) == 1 and new_talker[0].pid != talker[0].pid
@@ -219,7 +228,8 @@ def test_a_frozen_stage_is_killed_and_reloaded(own_server):
         if stream.end != "final":
             assert stream.ended_at - frozen_at < 6.0
         wait_until(lambda: not stubs.alive(synthesizer[0]), 10)   # killed, not left stopped
-        wait_until(lambda: ready(server) == 200 and stage_stubs(server, "hibari__synthesizer"), 120, 0.2)
+        wait_until(lambda: ready(server) == 200 and model_ready(server, "hibari")
+                   and stage_stubs(server, "hibari__synthesizer"), 120, 0.2)
         again = Stream(server.grpc_url, "hibari", "Thawed.").start()
         again.wait(60)
         assert again.end == "final" and again.chunks >= 1

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import Any, AsyncIterator
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.engine import AsyncEngine
-from omni_backend.errors import PipelineError
+from omni_backend.errors import PipelineError, Unavailable
 from omni_backend.triton.decoupled import StreamContext
 from omni_backend.triton.stage import StageModel
 
@@ -73,7 +72,8 @@ class OrpheusLMStage(StageModel):
         """The vLLM worker died: its streams have ended with `unavailable:`; this stage is dead too
         (the supervisor reloads it, readiness false meanwhile)."""
         logger.error("%s: the vLLM worker exited (%s); this stage exits so it is reloaded", self.model_name, reason)
-        os._exit(70)
+        # os._exit at once raced the loop thread: the streams' `unavailable` never left
+        self.die(Unavailable(f"the vLLM worker {reason}; it is restarting"))
 
     async def generate(self, ctx: StreamContext, request: dict[str, Any],
                        inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
