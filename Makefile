@@ -12,7 +12,7 @@ SHIM_PORT ?= 8080
 REPO ?= model_repository
 PYTEST_ARGS ?=
 
-.PHONY: serve test setup debs venv vllm oracle repository check clean
+.PHONY: serve test setup debs venv vllm oracle omni-oracle repository check clean
 
 setup: debs venv vllm
 
@@ -42,6 +42,10 @@ vllm:
 oracle: venv
 	bash tests/oracle/install.sh
 
+# transformers 5.x (the Qwen3-Omni reference) in its own venv; the qwen-tts oracle pins 4.57.3
+omni-oracle:
+	bash tests/oracle/omni_install.sh
+
 repository: venv
 	$(PY) -m ensemble_builder build --all --out $(REPO)
 
@@ -52,8 +56,8 @@ serve: setup
 	$(PY) -m client.serve --model-repository $(REPO) --http-port $(HTTP_PORT) \
 	  --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --shim-port $(SHIM_PORT)
 
-test: setup oracle
+test: setup oracle omni-oracle
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-oracle .venv-vllm .cache
+	rm -rf $(VENV) .venv-oracle .venv-omni-oracle .venv-vllm .cache
