@@ -27,9 +27,11 @@ Weights: each tensor is drawn from its own generator seeded from ``seed`` and it
 weights ``randn / sqrt(fan_in)``, biases ``0.01 randn``, embeddings ``randn``, norm gains
 ``1 + 0.1 randn`` (as :mod:`.qwen3_tts_random`). Two rigs make a random model stop (see
 :func:`rig_thinker_im_end` and :func:`rig_talker_eos`): greedy decoding ends the thinker's answer
-with ``<|im_end|>`` as generated token number ``thinker_eos_after`` and the talker emits codec eos
-after exactly ``talker_eos_after`` frames, whatever the prompt. The thinker's special-token logits
-are pinned at zero so that its text is ordinary BPE text.
+with ``<|im_end|>`` as generated token number ``thinker_eos_after`` (sooner in multi-turn chats whose
+last assistant turn is that close) and the talker emits codec eos after exactly ``talker_eos_after``
+frames, whatever the prompt. The thinker's special-token logits are pinned at zero so that its
+text is ordinary BPE text; code2wav's last convolution is scaled so the waveform (clamped to
+[-1, 1] by the model) stays mostly unclipped.
 """
 from __future__ import annotations
 
@@ -45,8 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SHAPES", "SPEAKERS", "TOKEN_IDS", "CODEC_IDS", "checkpoint_config", "write_random_checkpoint",
-           "rig_thinker_im_end", "rig_talker_eos", "main"]
+__all__ = ["SHAPES", "SPEAKERS", "TOKEN_IDS", "CODEC_IDS", "checkpoint_config", "tensor_specs",
+           "write_random_checkpoint", "rig_thinker_im_end", "rig_talker_eos", "main"]
 
 # ----------------------------------------------------------------------------- released facts
 
@@ -598,9 +600,12 @@ def rig_thinker_im_end(tensors: dict[str, torch.Tensor], config: dict, tokens: i
                        max_distance: int = 16384) -> None:
     """Make the thinker's greedy answer end with ``<|im_end|>`` as generated token number
     ``tokens`` (``tokens - 1`` text tokens before it), whatever the prompt, by rewriting weights in
-    place. The anchor is the ``assistant`` role token of the generation prompt
-    (``<|im_start|>assistant\\n``), two positions before the first answer token; a system prompt that
-    begins a line with the bare word ``assistant`` would add an anchor. Also pins the logits of
+    place. The anchor is the ``assistant`` role token (id 77091; `` assistant`` inside text is
+    another id), here the one of the generation prompt ``<|im_start|>assistant\\n``, two positions
+    before the first answer token. An earlier assistant turn less than ``tokens`` positions back
+    is an anchor too, so multi-turn answers may end sooner, never later (``tokens - 1`` back gives
+    an answer of ``<|im_end|>`` alone, which the reference's talker hand-off cannot take: keep
+    chat histories used with audio longer than that). Also pins the logits of
     every special and unused id (151643 and up, ``<|im_end|>`` aside) at zero, so that the random
     text is ordinary BPE text."""
     if tokens < 1:
@@ -699,7 +704,7 @@ def _write_tokenizer(out_dir: str) -> None:
                                               "lstrip": False, "rstrip": False, "normalized": False,
                                               "special": True})
     with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as handle:
-        json.dump(tokenizer, handle, ensure_ascii=False)
+        handle.write(json.dumps(tokenizer, ensure_ascii=False))    # dumps: C encoder, dump to a file is not
     with open(os.path.join(source, "tokenizer_config.json"), encoding="utf-8") as handle:
         tok_config = json.load(handle)
     decoder = tok_config.setdefault("added_tokens_decoder", {})

@@ -1,0 +1,139 @@
+"""Shared Qwen3-Omni fixtures: tiny random checkpoints of three shapes and one greedy run of the
+reference (transformers' ``qwen3_omni_moe`` in ``.venv-omni-oracle``, by subprocess) per shape.
+
+Session-scoped fixtures:
+
+    qwen3_omni_checkpoints   {shape: Path} for "tiny", "tiny2", "tiny3" (rigs: QWEN3_OMNI_SHAPES)
+    qwen3_omni_jobs          the parity jobs (QWEN3_OMNI_JOBS, the same for every shape)
+    qwen3_omni_reference     {shape: {"checkpoint": Path, "out": Path, "meta": {...},
+                              "jobs": {job id: {summary fields + arrays}}}}
+
+A job's entry holds the oracle's summary (``job`` with defaults filled in, ``text``,
+``prompt_text``, ``ended_with_im_end``, ``generated``, ``frames``, ``samples``,
+``talker_ended_with_eos``) and its arrays (``input_ids``, ``sequences``, ``thinker_ids``, and with
+audio ``codes`` [16, frames], ``talker_ids``, ``waveform``); see tests/oracle/qwen3_omni_reference.py.
+
+Use them from a test module with ``from tests.qwen3_omni_fixtures import qwen3_omni_checkpoints,
+qwen3_omni_jobs, qwen3_omni_reference`` or list the module in ``pytest_plugins``. Without the
+oracle venv the reference fixture skips; under ``CI=true`` it fails.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+QWEN3_OMNI_ORACLE_PYTHON = REPO / ".venv-omni-oracle" / "bin" / "python"
+QWEN3_OMNI_ORACLE_SCRIPT = REPO / "tests" / "oracle" / "qwen3_omni_reference.py"
+QWEN3_OMNI_THREADS = 1  # the same on both sides: on CPU a prefill's bits depend on the thread count
+
+# per shape: the writer's seed and rigs (<|im_end|> as answer token K, codec eos after F frames)
+QWEN3_OMNI_SHAPES = {
+    "tiny": {"seed": 0, "thinker_eos_after": 24, "talker_eos_after": 32},
+    "tiny2": {"seed": 1, "thinker_eos_after": 17, "talker_eos_after": 21},
+    "tiny3": {"seed": 2, "thinker_eos_after": 30, "talker_eos_after": 40},
+}
+
+QWEN3_OMNI_JOBS = [
+    {"id": "en_ethan", "prompt": "Hello! Can you tell me a short story about a robot?", "speaker": "Ethan"},
+    {"id": "zh_chelsie", "prompt": "你好，请用一句话介绍一下你自己。", "system": "You are a helpful assistant.",
+     "speaker": "Chelsie"},
+    {"id": "en_system_aiden", "prompt": "What is the capital of France?",
+     "system": "You are a friendly voice assistant. Answer briefly.", "speaker": "Aiden"},
+    {"id": "zh_multiturn_ethan", "speaker": "Ethan", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "今天天气怎么样？"}]},
+        # long enough that the earlier assistant turn lies more than any rig's K tokens back
+        {"role": "assistant", "content": [{"type": "text", "text": "今天天气晴朗，气温大约二十五度，微风，"
+                                           "非常适合出门散步或者去公园野餐。下午可能会有一些云，但是不会下雨。"}]},
+        {"role": "user", "content": [{"type": "text", "text": "那明天呢？"}]}]},
+    {"id": "en_text_only", "prompt": "List three colors.", "return_audio": False},
+    # the thinker stops at its token bound before the rigged <|im_end|>
+    {"id": "mixed_thinker_bound_chelsie", "prompt": "Translate to English: 我喜欢编程。", "speaker": "Chelsie",
+     "thinker_max_new_tokens": 9},
+    # the talker stops at its token bound before the rigged eos
+    {"id": "en_talker_bound_aiden", "prompt": "Count from one to ten, please.", "speaker": "Aiden",
+     "talker_max_new_tokens": 12},
+]
+
+
+def require_qwen3_omni_oracle() -> None:
+    """Skip the calling test (or fixture) when the Omni reference venv is missing; fail instead
+    when ``CI`` is ``true``: there a missing oracle is a broken set-up, and a skipped parity test
+    would pass unnoticed."""
+    if QWEN3_OMNI_ORACLE_PYTHON.exists():
+        return
+    message = (f"reference venv missing: {QWEN3_OMNI_ORACLE_PYTHON} "
+               "(run `make omni-oracle` or tests/oracle/omni_install.sh)")
+    if os.environ.get("CI", "").strip().lower() in ("true", "1"):
+        pytest.fail(f"{message}; CI=true requires the oracle", pytrace=False)
+    pytest.skip(message)
+
+
+def qwen3_omni_waveform_samples(frames: int, total_upsample: int = 1920, upsample_rates=(8, 5, 4, 3),
+                                chunk_size: int = 300) -> int:
+    """Samples the reference's ``code2wav.chunked_decode`` returns for ``frames`` frames: each
+    causal transposed convolution of the decoder blocks yields ``(n - 1) * rate`` samples for ``n``
+    inputs, so every decoded chunk is short of ``frames * total_upsample`` by a fixed amount
+    (555 with the released rates)."""
+    short, factor = 0, 1
+    for rate in reversed(upsample_rates):
+        factor *= rate
+        short += factor
+    return frames * total_upsample - short * math.ceil(frames / chunk_size)
+
+
+def load_qwen3_omni_dump(out: Path) -> dict:
+    """The oracle's output folder as ``{"meta": ..., "jobs": {id: {summary + arrays}}}``."""
+    report = json.loads((Path(out) / "reference.json").read_text(encoding="utf-8"))
+    jobs = {}
+    for job_id, summary in report["jobs"].items():
+        with np.load(Path(out) / f"{job_id}.npz") as data:
+            jobs[job_id] = {**summary, **{key: data[key] for key in data.files}}
+    return {"meta": report["meta"], "jobs": jobs}
+
+
+def run_qwen3_omni_oracle(checkpoint: Path, jobs: list[dict], out: Path, timeout: float = 900) -> dict:
+    """Run the reference over ``jobs`` for one checkpoint and load what it wrote."""
+    out.mkdir(parents=True, exist_ok=True)
+    jobs_path = out / "jobs.json"
+    jobs_path.write_text(json.dumps(jobs, ensure_ascii=False), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run([str(QWEN3_OMNI_ORACLE_PYTHON), str(QWEN3_OMNI_ORACLE_SCRIPT), "--checkpoint",
+                           str(checkpoint), "--jobs", str(jobs_path), "--out", str(out),
+                           "--threads", str(QWEN3_OMNI_THREADS)],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"Qwen3-Omni oracle failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return load_qwen3_omni_dump(out)
+
+
+@pytest.fixture(scope="session")
+def qwen3_omni_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    from omni_backend.testing.qwen3_omni_random import write_random_checkpoint
+
+    root = tmp_path_factory.mktemp("qwen3_omni_checkpoints")
+    return {shape: Path(write_random_checkpoint(str(root / shape), shape, **rig))
+            for shape, rig in QWEN3_OMNI_SHAPES.items()}
+
+
+@pytest.fixture(scope="session")
+def qwen3_omni_jobs() -> list[dict]:
+    return [dict(job) for job in QWEN3_OMNI_JOBS]
+
+
+@pytest.fixture(scope="session")
+def qwen3_omni_reference(qwen3_omni_checkpoints, qwen3_omni_jobs, tmp_path_factory) -> dict[str, dict]:
+    """One oracle run per shape over every job."""
+    require_qwen3_omni_oracle()
+    root = tmp_path_factory.mktemp("qwen3_omni_oracle")
+    result = {}
+    for shape, checkpoint in qwen3_omni_checkpoints.items():
+        dump = run_qwen3_omni_oracle(checkpoint, qwen3_omni_jobs, root / shape)
+        result[shape] = {"checkpoint": checkpoint, "out": root / shape, **dump}
+    return result
