@@ -18,7 +18,7 @@ The talker's prefill is, in order:
    thinker's token embedding, or at a multimodal placeholder ``hidden_projection`` of the
    thinker's hidden state ``accept_hidden_layer`` there. ``text_projection`` runs over all prompt
    positions in one matmul, as the reference does;
-2. 8 positions from the last ``<|im_start|>assistant`` on: text channel = the projections of its
+2. 9 positions from the last ``<|im_start|>assistant`` on: text channel = the projections of its
    first 3 tokens, ``tts_pad`` x4, ``tts_bos``, the projection of the 4th token (the answer's first
    token); codec channel = zeros x3, then the codec embeddings of ``nothink, think_bos, think_eos,
    speaker, pad, bos``.
@@ -36,15 +36,18 @@ its prefill is ready once enough assistant rows are known; the trailing text is 
 closes with ``tts_eos``; a talker row that has used all text that arrived must wait
 (``trailing.has_row(frame)``).
 
-Bits: on CPU the bits of a matmul row depend on the matmul's row count (MKL picks other kernels
-for small ones). The reference projects the whole assistant segment at once, with M = its
-length. With this build, every M >= 12 (and 4, 8) gives the same row bits, other small M do not.
-So :class:`TalkerInput` projects rows that arrive while the thinker runs padded to
-:data:`COMMON_SHAPE_ROWS` rows (the same bits as any long segment) and by default starts the
+Bits: on CPU the bits of a matmul row depend on the matmul's row count M (MKL's sgemm splits M
+over threads and handles remainder rows with other kernels). The reference projects the whole
+assistant segment at once, with M = its length. Measured here (torch 2.13 CPU): with 1 thread
+every M >= 4 gives the same row bits ("common" shapes); with 2 or 8 threads M in {4, 8} and
+M >= 12; with 16 threads also not 17-19 and 25-27; multiples of 4 from 12 on were common in every
+case. So :class:`TalkerInput` projects rows that arrive while the thinker runs padded with zero
+rows to a multiple of 4, at least 12 (:func:`common_shape_rows`), and by default starts the
 talker only when 12 assistant rows (9 answer tokens) are known or the thinker has finished (then
-the whole segment is projected at once, in the reference's exact shape): greedy talker codes
-then equal the reference for every answer length. ``start_rows=4`` starts after the first answer
-token, exact unless the whole answer is shorter than 9 tokens.
+the whole segment is projected at once, in the reference's exact shape). Greedy talker codes then
+equal the reference whenever the reference's own M was common: always with the parity tests' one
+thread. ``start_rows=4`` starts after the first answer token, exact unless the answer is shorter
+than 9 tokens.
 """
 from __future__ import annotations
 
@@ -67,13 +70,20 @@ __all__ = [
     "PromptBuilder",
     "TalkerInput",
     "COMMON_SHAPE_ROWS",
+    "common_shape_rows",
     "ASSISTANT_PREFIX_ROWS",
     "user_positions",
     "assistant_start",
 ]
 
-# Row counts from which (and 4, 8) a projection row has the same bits whatever the count (CPU, MKL).
+# The smallest "common" row count (see the module docstring).
 COMMON_SHAPE_ROWS = 12
+
+
+def common_shape_rows(count: int) -> int:
+    """The row count a projection of ``count`` rows is padded to: a multiple of 4, at least
+    :data:`COMMON_SHAPE_ROWS`."""
+    return max(COMMON_SHAPE_ROWS, -(-count // 4) * 4)
 # The talker prefix takes the first 4 assistant rows (<|im_start|>, assistant, \n, first token).
 ASSISTANT_PREFIX_ROWS = 4
 ROLES = ("system", "user", "assistant")
@@ -346,9 +356,10 @@ class TalkerInput:
         ids = torch.tensor([self._pending], dtype=torch.long, device=self.device)
         embeds = self.thinker.embed(ids)
         count = embeds.shape[1]
-        if not exact and count < COMMON_SHAPE_ROWS:
-            # padding rows put the matmul in the shape whose row bits are those of any long segment
-            embeds = torch.cat((embeds, embeds.new_zeros(1, COMMON_SHAPE_ROWS - count, embeds.shape[-1])), dim=1)
+        if not exact:
+            # zero rows pad the matmul to a common shape, whose row bits are those of a long segment
+            target = common_shape_rows(count)
+            embeds = torch.cat((embeds, embeds.new_zeros(1, target - count, embeds.shape[-1])), dim=1)
         rows = self.talker.text_projection(embeds)[0, :count]
         self._pending = []
         before = len(self._rows)
@@ -362,7 +373,7 @@ class TalkerInput:
         return len(self._rows) >= ASSISTANT_PREFIX_ROWS or self.finished
 
     def prefill(self) -> torch.Tensor:
-        """The talker's prefill embeddings ``[1, user + 8, hidden]``."""
+        """The talker's prefill embeddings ``[1, user + 9, hidden]``."""
         if not self.ready:
             raise RuntimeError("the talker prefill needs more of the thinker's answer")
         c = self.config.talker

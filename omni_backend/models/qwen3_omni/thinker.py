@@ -28,7 +28,7 @@ __all__ = ["Thinker", "ThinkerModel", "ThinkerOutput"]
 
 @dataclass
 class ThinkerOutput:
-    logits: torch.Tensor            # [B, L, vocab] (float32 for a float32 model)
+    logits: torch.Tensor            # [B, L or logits_rows, vocab]
     embeds: torch.Tensor            # [B, L, hidden]: layer-0 inputs (token embeddings)
     accept_hidden: torch.Tensor | None  # [B, L, hidden]: hidden state ``accept_layer`` when asked
 
@@ -68,10 +68,12 @@ class Thinker(nn.Module):
         return self.model.embed_tokens(ids)
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
-                accept_layer: int | None = None) -> ThinkerOutput:
+                accept_layer: int | None = None, logits_rows: int | None = None) -> ThinkerOutput:
         """Run ``ids`` ``[1, L]`` after the ``cache``'s positions (text positions unless
         ``position_ids`` ``[3, 1, L]`` are given). The LM head runs over all ``L`` positions, as
-        in the reference (its prefill projects every position)."""
+        the reference's prefill does, or over the last ``logits_rows`` only (a long prompt's
+        ``[L, vocab]`` logits are large; the last row's bits equal the all-rows ones when both
+        row counts are common shapes, see :mod:`.prompt`)."""
         embeds = self.embed(ids)
         if position_ids is None:
             start = cache.length if cache is not None else 0
@@ -88,4 +90,6 @@ class Thinker(nn.Module):
         hidden = rms_norm(hidden, norm.weight, norm.variance_epsilon)
         if accept_layer == len(layers):
             accept = hidden  # the reference's last hidden state is the normed one
+        if logits_rows is not None:
+            hidden = hidden[:, -logits_rows:]
         return ThinkerOutput(self.lm_head(hidden), embeds, accept)
