@@ -26,10 +26,10 @@ import torch
 
 from .checkpoint import Qwen3OmniCheckpoint
 from .code2wav import REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES
+from .layers import text_positions
 from .prompt import COMMON_SHAPE_ROWS, TalkerInput
 from .talker import Talker
 from .thinker import Thinker
-from .layers import text_positions
 
 __all__ = [
     "Sampling",

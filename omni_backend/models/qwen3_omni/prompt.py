@@ -288,9 +288,11 @@ class TalkerInput:
 
     def __init__(self, config: Qwen3OmniConfig, thinker, talker, prompt_ids: Sequence[int], speaker: str,
                  prompt_hidden: torch.Tensor | None = None, start_rows: int = COMMON_SHAPE_ROWS) -> None:
-        """``thinker`` / ``talker``: :class:`~.thinker.Thinker` / :class:`~.talker.Talker`;
-        ``prompt_hidden``: the thinker's hidden state ``accept_hidden_layer`` over the prompt
-        ``[1, L, thinker_hidden]``, needed only when the prompt has multimodal placeholders."""
+        """``thinker``: anything with the thinker's ``embed(ids)`` (a :class:`~.thinker.Thinker`, or
+        a holder of its ``embed_tokens`` table only: the talker reads token embeddings, not hidden
+        states, for text); ``talker``: a :class:`~.talker.Talker`; ``prompt_hidden``: the thinker's
+        hidden state ``accept_hidden_layer`` over the prompt ``[1, L, thinker_hidden]``, needed
+        only when the prompt has multimodal placeholders."""
         self.config = config
         self.thinker = thinker
         self.talker = talker
