@@ -13,7 +13,8 @@ PIPELINES = (
         default_model="builtin:hibari",
         stages=(
             StageConfig(stage_id=0, model_stage="synthesizer", kind="stream", final_output=True,
-                        outputs=(TensorSpec("AUDIO", "FP32", (-1,)),),
+                        outputs=(TensorSpec("AUDIO", "FP32", (-1,)),
+                                 TensorSpec("ERROR", "STRING", (1,))),   # its errors, as data (triton/stage.py)
                         triton_class="omni_backend.models.hibari.stage.HibariStage"),
         ),
     ),
