@@ -261,10 +261,13 @@ def percentile(values: list[float], q: float) -> float:
 def run_once(args, number: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"omni-overload-{number}-"))
     server = TritonProcess(ROOT / "model_repository", log_path=work / "tritonserver.log").start(timeout_s=300)
-    shim = ShimProcess([server.grpc_url], log_path=work / "shim.log").start()
+    shim = ShimProcess([server.grpc_url], log_path=work / "shim.log")
     procs: list[subprocess.Popen] = []
     stats = RunStats()
     try:
+        # healthy = every pipeline loaded; a server that lost a port race on a busy host exits
+        # at once and its supervisor loads everything again, which can take minutes
+        shim.start(timeout_s=300)
         first_pid = server_pid(server)
         refs = served_alone(server.grpc_url, shim.url, args.bound_s)
         procs = burners(args.burners)
