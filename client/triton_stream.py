@@ -54,11 +54,22 @@ class TritonStreamError(RuntimeError):
 
 
 @dataclass
+class StreamPart:
+    """One streamed response: a chunk of audio (with its sample rate) and/or the pipeline's other
+    outputs that came with it (a text delta, ...), by name."""
+    audio: np.ndarray | None = None
+    sample_rate: int = 0
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
 class StreamResult:
     chunks: list[np.ndarray] = field(default_factory=list)
     sample_rate: int = 0
     ttfa_s: float = float("nan")
     total_s: float = 0.0
+    # The pipeline's outputs besides audio (a text answer's deltas), by name, in arrival order.
+    outputs: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
     @property
     def audio(self) -> np.ndarray:
@@ -106,20 +117,42 @@ def _error(error: Any) -> TritonStreamError:
     return TritonStreamError(msg or str(error) or type(error).__name__, status)
 
 
-def _parse(result: Any, error: Any) -> tuple[tuple[np.ndarray, int] | None, bool]:
-    """One streamed response -> ((audio, sample rate) or None, is it the final one)."""
+def _parse(result: Any, error: Any) -> tuple[StreamPart | None, bool]:
+    """One streamed response -> (its part, or None when it carries nothing, is it the final one)."""
     if error is not None:
         raise _error(error)
+    response = result.get_response()
+    part = StreamPart()
+    for tensor in response.outputs:
+        if tensor.name in ("AUDIO", "SAMPLE_RATE"):
+            continue
+        value = result.as_numpy(tensor.name)
+        if value is not None and value.size:
+            part.outputs[tensor.name] = value
     audio = result.as_numpy("AUDIO")
-    chunk = None
     if audio is not None and audio.size:
-        chunk = audio.reshape(-1), int(result.as_numpy("SAMPLE_RATE")[0])
-    return chunk, result.get_response().parameters["triton_final_response"].bool_param
+        part.audio, part.sample_rate = audio.reshape(-1), int(result.as_numpy("SAMPLE_RATE")[0])
+    empty = part.audio is None and not part.outputs
+    return (None if empty else part), response.parameters["triton_final_response"].bool_param
 
 
 def stream(url: str, model: str, text: str, params: dict[str, Any] | None = None,
            timeout_s: float = 300.0) -> Iterator[tuple[np.ndarray, int]]:
-    """Yield (audio chunk, sample rate) as they arrive; raises TritonStreamError."""
+    """Yield (audio chunk, sample rate) as they arrive; raises TritonStreamError. Responses
+    without audio (a pipeline's text deltas) are skipped: `stream_parts` gives them."""
+    parts = stream_parts(url, model, text, params, timeout_s)
+    try:
+        for part in parts:
+            if part.audio is not None:
+                yield part.audio, part.sample_rate
+    finally:
+        parts.close()
+
+
+def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None = None,
+                 timeout_s: float = 300.0) -> Iterator[StreamPart]:
+    """Yield every response's part (audio and/or other outputs) in arrival order; raises
+    TritonStreamError."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -146,9 +179,9 @@ def stream(url: str, model: str, text: str, params: dict[str, Any] | None = None
                 item = responses.get(timeout=timeout_s)
             except queue.Empty:
                 raise TritonStreamError(f"unavailable: no response from {url} within {timeout_s:g} s") from None
-            chunk, final = _parse(*item)
-            if chunk is not None:
-                yield chunk
+            part, final = _parse(*item)
+            if part is not None:
+                yield part
             if final:
                 return
     except InferenceServerException as e:
@@ -159,25 +192,42 @@ def stream(url: str, model: str, text: str, params: dict[str, Any] | None = None
 
 
 def synthesize(url: str, model: str, text: str, params: dict[str, Any] | None = None) -> StreamResult:
-    """Stream a whole request, timing the first chunk."""
+    """Stream a whole request, timing the first audio chunk; other outputs go to `outputs`."""
     res = StreamResult()
     t0 = time.perf_counter()
-    for audio, rate in stream(url, model, text, params):
+    for part in stream_parts(url, model, text, params):
+        for name, value in part.outputs.items():
+            res.outputs.setdefault(name, []).append(value)
+        if part.audio is None:
+            continue
         if not res.chunks:
             res.ttfa_s = time.perf_counter() - t0
-        res.chunks.append(audio)
-        res.sample_rate = rate
+        res.chunks.append(part.audio)
+        res.sample_rate = part.sample_rate
     res.total_s = time.perf_counter() - t0
     return res
 
 
 async def astream(client: Any, model: str, text: str, params: dict[str, Any] | None = None,
                   request_id: str = "") -> AsyncIterator[tuple[np.ndarray, int]]:
-    """Async variant over a shared `tritonclient.grpc.aio.InferenceServerClient`.
+    """Async variant over a shared `tritonclient.grpc.aio.InferenceServerClient`; (audio chunk,
+    sample rate) as they arrive, skipping responses without audio (`astream_parts` gives them).
 
     Closing the generator early (client gone) ends the gRPC stream, which cancels the request
     in Triton and, through the entry model, frees the engine slot.
     """
+    parts = astream_parts(client, model, text, params, request_id)
+    try:
+        async for part in parts:
+            if part.audio is not None:
+                yield part.audio, part.sample_rate
+    finally:
+        await parts.aclose()
+
+
+async def astream_parts(client: Any, model: str, text: str, params: dict[str, Any] | None = None,
+                        request_id: str = "") -> AsyncIterator[StreamPart]:
+    """Every response's part (audio and/or other outputs) in arrival order; see `astream`."""
     import tritonclient.grpc.aio as aioclient
     from tritonclient.utils import InferenceServerException
 
@@ -193,9 +243,9 @@ async def astream(client: Any, model: str, text: str, params: dict[str, Any] | N
         raise _error(e) from None
     try:
         async for result, error in responses:
-            chunk, final = _parse(result, error)
-            if chunk is not None:
-                yield chunk
+            part, final = _parse(result, error)
+            if part is not None:
+                yield part
             if final:
                 return
     except asyncio.CancelledError:

@@ -3,7 +3,8 @@
 One entry model named after the pipeline, one model per stage named `<pipeline>__<model_stage>`.
 Every config.pbtxt is derived from the pipeline's declared graph (omni_backend/pipeline.py): a
 stream stage is decoupled and takes REQUEST / REQUEST_ID / CONTROL besides its declared tensors; a
-batched stage gets Triton's dynamic batcher. Each model gets a two-line model.py that imports its
+batched stage gets Triton's dynamic batcher. The entry outputs AUDIO / SAMPLE_RATE and every
+stage's declared client outputs. Each model gets a two-line model.py that imports its
 class, so plain `tritonserver --model-repository DIR` loads it wherever the package is installed.
 The entry's parameters carry what the speech API needs (`catalog`: parameters, voices, clone
 support, sample rate), so it never imports model code.
@@ -60,8 +61,10 @@ def entry_config(p: PipelineConfig, deploy: DeployConfig, common: dict[str, str]
                   _tensor("PARAMS", "TYPE_STRING", [1], optional=True),
                   # supervisor messages (ping, drain): omni_backend/triton/entry.py
                   _tensor("CONTROL", "TYPE_STRING", [1], optional=True)],
+        # the final stage's audio, then every stage's client outputs (text deltas, ...)
         "output": [_tensor("AUDIO", "TYPE_FP32", [-1]),
-                   _tensor("SAMPLE_RATE", "TYPE_INT32", [1])],
+                   _tensor("SAMPLE_RATE", "TYPE_INT32", [1]),
+                   *[_tensor(t.name, f"TYPE_{t.dtype}", list(t.dims)) for t in p.client_output_specs()]],
         "instance_group": _instance_group(deploy.entry.instances, "cpu"),
         # the stage models it calls: a pipeline serves only when all of them are ready
         "parameters": _params({**common, "threads_in_flight": str(deploy.entry.bls_threads),

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-# Values that Triton expects unquoted (enums).
-ENUMS = {"TYPE_STRING", "TYPE_FP32", "TYPE_INT32", "TYPE_INT64", "KIND_CPU", "KIND_GPU"}
+from omni_backend.pipeline import DTYPES
+
+# Values that Triton expects unquoted (enums): every dtype a stage may declare, instance kinds.
+ENUMS = {f"TYPE_{d}" for d in DTYPES} | {"KIND_CPU", "KIND_GPU"}
 
 
 def _scalar(v: Any) -> str:

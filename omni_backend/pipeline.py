@@ -3,8 +3,10 @@
 A model family declares each pipeline it serves: its stages, the tensors each stage takes and
 gives, which stages feed which (`input_sources`), and for every fed stage the family's transfer
 hook (`transfer`): how the sources' streams become this stage's requests (a chunk schedule, codec
-context frames, hidden states handed on). The entry model runs the graph from this declaration
-(omni_backend/triton/entry.py) and the builder derives every config.pbtxt from it
+context frames, hidden states handed on). The final stage's AUDIO is what the client hears; any
+stage may also name `client_outputs` (text deltas) that reach the client as they arrive, and a
+request may skip stages (its adapter's `skipped_stages`). The entry model runs the graph from this
+declaration (omni_backend/triton/entry.py) and the builder derives every config.pbtxt from it
 (ensemble_builder/build.py); neither knows any family.
 
 Placement (devices, instances, batching) is the deploy YAML (`omni_backend/deploy.py`). The names
@@ -25,6 +27,10 @@ StageKind = Literal["stream", "batched"]
 _NUMPY = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32,
           "INT8": np.int8, "BOOL": np.bool_, "STRING": np.object_}
 DTYPES = tuple(_NUMPY)
+# The entry model's own outputs (the final stage's audio), and a stage's error as data
+# (omni_backend/triton/bls.py): no stage's client output may take these names.
+ENTRY_OUTPUTS = ("AUDIO", "SAMPLE_RATE")
+ERROR_OUTPUT_NAME = "ERROR"
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,9 @@ class StageConfig:
     # the sources' streams into this stage's requests; required when input_sources is set.
     transfer: str = ""
     final_output: bool = False            # its AUDIO is what the client hears
+    # Names of this stage's `outputs` that the entry forwards to the client as they arrive,
+    # interleaved with the final stage's AUDIO in arrival order (e.g. an LM stage's text deltas).
+    client_outputs: tuple[str, ...] = ()
     # The family's own deploy knobs for this stage (`stages[i].options` in the deploy YAML), as
     # omni_backend.adapters.base.Param: checked at build and load, defaults filled in.
     options: tuple = ()
@@ -74,6 +83,11 @@ class StageConfig:
     def takes_request(self) -> bool:
         """A stage fed by the client's request gets the adapter's JSON REQUEST."""
         return not self.input_sources
+
+    @property
+    def answers_client(self) -> bool:
+        """The entry reads this stage's stream for the client: its AUDIO or its client outputs."""
+        return self.final_output or bool(self.client_outputs)
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,58 @@ class PipelineConfig:
 
     def consumers(self, stage_id: int) -> list[StageConfig]:
         return [s for s in self.stages if stage_id in s.input_sources]
+
+    def client_output_specs(self) -> tuple[TensorSpec, ...]:
+        """The entry model's outputs besides AUDIO / SAMPLE_RATE: every stage's client outputs,
+        once per name, in stage order. Raises ValueError naming a clash: a reserved name, or one
+        name declared by two stages with different dtype or dims (the entry has one spec per name)."""
+        where = f"pipeline {self.name}"
+        specs: dict[str, tuple[TensorSpec, StageConfig]] = {}
+        for s in self.stages:
+            declared = {t.name: t for t in s.outputs}
+            twice = sorted({n for n in s.client_outputs if s.client_outputs.count(n) > 1})
+            if twice:
+                raise ValueError(f"{where}: stage {s.stage_id} ({s.model_stage}) lists client "
+                                 f"output {twice[0]!r} twice")
+            for name in s.client_outputs:
+                if name in ENTRY_OUTPUTS or name == ERROR_OUTPUT_NAME:
+                    raise ValueError(f"{where}: stage {s.stage_id} ({s.model_stage}) client output {name!r} "
+                                     f"clashes with a reserved name ({', '.join(ENTRY_OUTPUTS)}, "
+                                     f"{ERROR_OUTPUT_NAME})")
+                if name not in declared:
+                    raise ValueError(f"{where}: stage {s.stage_id} ({s.model_stage}) client output {name!r} "
+                                     f"is not one of its outputs ({', '.join(declared) or 'none'})")
+                spec = declared[name]
+                if name in specs:
+                    other, by = specs[name]
+                    if (other.dtype, other.dims) != (spec.dtype, spec.dims):
+                        raise ValueError(f"{where}: client output {name!r} is {other.dtype} {list(other.dims)} "
+                                         f"in stage {by.stage_id} ({by.model_stage}) but {spec.dtype} "
+                                         f"{list(spec.dims)} in stage {s.stage_id} ({s.model_stage})")
+                    continue
+                specs[name] = (spec, s)
+        return tuple(spec for spec, _ in specs.values())
+
+    def stages_run(self, skipped: frozenset[int] = frozenset()) -> frozenset[int]:
+        """The stage ids one request runs when its adapter skips `skipped`: a skipped stage's
+        consumers are skipped too, and a stage that would feed nobody (no client output, every
+        consumer skipped) does not run either. Raises ValueError when the request would leave the
+        client nothing to read, or names a stage that does not exist."""
+        unknown = sorted(set(skipped) - set(range(len(self.stages))))
+        if unknown:
+            raise ValueError(f"pipeline {self.name}: skipped stages {unknown} do not exist")
+        out: set[int] = set()
+        for s in self.stages:   # ids are a topological order: sources come first
+            if s.stage_id in skipped or any(i in out for i in s.input_sources):
+                out.add(s.stage_id)
+        run: set[int] = set()
+        for s in reversed(self.stages):   # consumers come first
+            read = s.answers_client or any(c.stage_id in run for c in self.consumers(s.stage_id))
+            if s.stage_id not in out and read:
+                run.add(s.stage_id)
+        if not any(self.stages[i].answers_client for i in run):
+            raise ValueError(f"pipeline {self.name}: skipping stages {sorted(skipped)} leaves nothing for the client")
+        return frozenset(run)
 
     def validate(self) -> None:
         where = f"pipeline {self.name}"
@@ -128,5 +194,6 @@ class PipelineConfig:
             if reserved or len(set(names)) != len(names):
                 raise ValueError(f"{where}: stage {s.stage_id} inputs {names}: duplicate or reserved names")
         for s in self.stages:
-            if s is not final and not self.consumers(s.stage_id):
+            if s is not final and not self.consumers(s.stage_id) and not s.client_outputs:
                 raise ValueError(f"{where}: stage {s.stage_id}'s output goes nowhere")
+        self.client_output_specs()

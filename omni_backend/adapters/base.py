@@ -1,7 +1,8 @@
 """The request contract shared by every pipeline, and the adapter registry.
 
 An entry model receives TEXT (UTF-8 bytes) and PARAMS (a JSON object, optional). The adapter
-checks both and returns the normalized request that stage 0 receives; any problem raises
+checks both and returns the normalized request that stage 0 receives (and may say which stages
+that request skips, `skipped_stages`); any problem raises
 `InvalidRequest` naming the field, whatever the bytes: invalid UTF-8, lone surrogates (as
 UTF-8-encoded surrogate bytes or as JSON `\\ud800` escapes), NUL characters, JSON nested past the
 recursion limit, oversized PARAMS, values of the wrong type or out of range. Messages quote a
@@ -208,3 +209,10 @@ class TTSAdapter:
     def check(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
         """Model-specific cross-field rules; override."""
         return params
+
+    def skipped_stages(self, request: dict[str, Any]) -> frozenset[int]:
+        """Stage ids that this validated request does not run (e.g. the audio stages of a
+        text-only answer); their consumers are skipped too, and when the final stage is skipped
+        the client gets only the other stages' client outputs (PipelineConfig.stages_run).
+        Override; by default every stage runs."""
+        return frozenset()

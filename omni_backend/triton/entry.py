@@ -3,8 +3,11 @@
 It validates TEXT/PARAMS through the pipeline's adapter and runs the pipeline's stage graph as
 declared (omni_backend/pipeline.py): stages fed by the client's request get its JSON as REQUEST;
 every other stage is fed by its family's transfer hook (omni_backend/triton/transfer.py) from its
-sources' streams; a stream read by several consumers is broadcast. The final stage's AUDIO is
-streamed to the client. It owns the response stream, metrics, admission and cancellation.
+sources' streams; a stream read by several consumers is broadcast. The final stage's AUDIO and
+every stage's declared client outputs (text deltas) are streamed to the client in arrival order,
+each response carrying what arrived; a request runs only the stages its adapter does not skip
+(`skipped_stages`), so a text-only answer ends with its text streams. It owns the response
+stream, metrics, admission and cancellation.
 
 CONTROL messages (from the supervisor, omni_backend/supervisor): `ping` asks every stage too and
 fails naming the first stage that does not answer; `drain` (before a shutdown) turns new streams
@@ -25,6 +28,7 @@ import triton_python_backend_utils as pb_utils
 from omni_backend.errors import Unavailable
 from omni_backend.families import built_model, import_path
 from omni_backend.glibc_heaps import bound_malloc_retention
+from omni_backend.pipeline import StageConfig, TensorSpec
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
 from omni_backend.triton.stage_liveness import StageLiveness
@@ -48,6 +52,7 @@ class PipelineEntry(DecoupledModel):
         self.transfers = {s.stage_id: import_path(s.transfer)(self.pipeline, s, self.deploy)
                           for s in self.pipeline.stages if s.transfer}
         self.text_inputs = TextInputs(self)
+        self.client_specs = {t.name: t for t in self.pipeline.client_output_specs()}
 
     async def control(self, request: "pb_utils.InferenceRequest", command: str) -> None:
         if command == "drain":
@@ -83,69 +88,104 @@ class PipelineEntry(DecoupledModel):
         self.metrics.active.set(len(self.active))
         self.metrics.finished(outcome, error_code)
 
-    def graph(self, ctx: StreamContext, request: dict[str, Any]) -> tuple[AsyncIterator[Outputs], list]:
-        """Every stage's stream for one request, wired as declared; returns the final stage's
-        stream and what to close when the request ends (the transfers' generators, broadcasts)."""
+    def graph(self, ctx: StreamContext, request: dict[str, Any],
+              run: frozenset[int]) -> tuple[list[tuple[StageConfig, AsyncIterator[Outputs]]], list]:
+        """The streams of the stages in `run` for one request, wired as declared; returns the
+        streams the client reads (the final stage's, those with client outputs), each with its
+        stage, and what to close when the request ends (the transfers' generators, broadcasts)."""
         streams: dict[int, Any] = {}
         closers: list = []
         ctx.request_streams = []   # the streams fed the client's request: they take appended text
         for stage in self.pipeline.stages:
+            if stage.stage_id not in run:
+                continue
             call = StageCall(self, ctx, stage)
             if stage.takes_request:
                 stream = call.stream(request=request)
                 ctx.request_streams.append(stream)
-            else:
+            else:   # every source runs: a skipped stage's consumers are skipped too
                 sources = {i: streams[i].tap() if isinstance(streams[i], Broadcast) else streams[i]
                            for i in stage.input_sources}
                 stream = self.transfers[stage.stage_id].run(request, sources, call)
                 closers.append(stream)
-            readers = len(self.pipeline.consumers(stage.stage_id)) + stage.final_output
+            consumers = sum(c.stage_id in run for c in self.pipeline.consumers(stage.stage_id))
+            readers = consumers + stage.answers_client
             if readers > 1:
                 stream = Broadcast(stream, readers)
                 closers.append(stream)
             streams[stage.stage_id] = stream
-        final = streams[self.pipeline.final_stage.stage_id]
-        return (final.tap() if isinstance(final, Broadcast) else final), closers
+        client = [(stage, streams[stage.stage_id].tap() if isinstance(streams[stage.stage_id], Broadcast)
+                   else streams[stage.stage_id])
+                  for stage in self.pipeline.stages if stage.stage_id in run and stage.answers_client]
+        return client, closers
 
-    async def audio(self, ctx: StreamContext, request: dict[str, Any]) -> AsyncIterator[np.ndarray]:
-        final, closers = self.graph(ctx, request)
+    async def outputs(self, ctx: StreamContext,
+                      request: dict[str, Any]) -> AsyncIterator[tuple[StageConfig, Outputs]]:
+        """What the client's streams give, as it arrives (with the stage it came from); ends when
+        every one of them has ended. The stages run are those the adapter does not skip."""
+        run = self.pipeline.stages_run(frozenset(self.adapter.skipped_stages(request)))
+        client, closers = self.graph(ctx, request, run)
         text = None
-        iterator = final.__aiter__()
-        pending: asyncio.Future | None = None
+        pending: dict[asyncio.Future, tuple[StageConfig, AsyncIterator[Outputs]]] = {}
         try:
             if request.get(STREAMING_INPUT):   # registered before the first await: appends may follow at once
                 text = self.text_inputs.register(ctx.request_id, ctx.request_streams)
-            while True:
-                pending = asyncio.ensure_future(iterator.__anext__())
-                try:
-                    out = await self.wait(ctx, pending)
-                except StopAsyncIteration:
-                    return
-                pending = None
-                if "AUDIO" in out:
-                    yield out["AUDIO"].reshape(-1)
+            for stage, stream in client:
+                iterator = stream.__aiter__()
+                pending[asyncio.ensure_future(iterator.__anext__())] = (stage, iterator)
+            while pending:
+                done, _ = await self.wait(ctx, asyncio.wait(set(pending), return_when=asyncio.FIRST_COMPLETED))
+                # Several at once: upstream stages first (a text delta before the audio it led to).
+                for fut in sorted(done, key=lambda f: pending[f][0].stage_id):
+                    stage, iterator = pending.pop(fut)
+                    try:
+                        out = fut.result()
+                    except StopAsyncIteration:
+                        continue
+                    pending[asyncio.ensure_future(iterator.__anext__())] = (stage, iterator)
+                    yield stage, out
         finally:
-            # A step still running (the client left, or an abort) is stopped first: a generator
-            # cannot be closed while it runs, and its work must not outlive the stream.
-            if pending is not None and not pending.done():
-                pending.cancel()
-                await asyncio.wait({pending})
+            # Steps still running (the client left, an abort, another stream's error) are stopped
+            # first: a generator cannot be closed while it runs, and its work must not outlive the
+            # stream. Those that ended meanwhile are left unread on purpose.
+            running = [fut for fut in pending if not fut.done()]
+            for fut in running:
+                fut.cancel()
+            if running:
+                await asyncio.wait(running)
+            for fut in pending:
+                if not fut.cancelled():
+                    fut.exception()   # marked retrieved: nobody reads it now
             if text is not None:
                 await self.text_inputs.unregister(ctx.request_id, text)
             for closer in reversed(closers):   # the stage streams themselves close with ctx
                 await closer.aclose()
+
+    def client_tensor(self, spec: TensorSpec, value: np.ndarray) -> "pb_utils.Tensor":
+        """A stage's client output as the entry declares it: a batched stage's leading batch
+        dimension of 1 is dropped."""
+        if value.ndim == len(spec.dims) + 1 and value.shape[0] == 1:
+            value = value[0]
+        return pb_utils.Tensor(spec.name, np.ascontiguousarray(value, dtype=spec.numpy_dtype))
 
     async def stream(self, ctx: StreamContext) -> AsyncIterator[list["pb_utils.Tensor"]]:
         request = self.adapter.validate(input_bytes(ctx.request, "TEXT") or b"",
                                         input_bytes(ctx.request, "PARAMS"))
         rate = np.array([self.sample_rate], dtype=np.int32)
         first = True
-        async for audio in self.audio(ctx, request):
-            if audio.size == 0:
-                continue
-            if first:
-                self.metrics.ttfa_ms.observe((time.perf_counter() - ctx.t0) * 1000.0)
-                first = False
-            self.metrics.audio_seconds.increment(audio.size / self.sample_rate)
-            yield [pb_utils.Tensor("AUDIO", np.ascontiguousarray(audio, dtype=np.float32)),
-                   pb_utils.Tensor("SAMPLE_RATE", rate)]
+        async for stage, out in self.outputs(ctx, request):
+            tensors = []
+            audio = out["AUDIO"].reshape(-1) if stage.final_output and "AUDIO" in out else None
+            if audio is not None and audio.size:
+                if first:
+                    self.metrics.ttfa_ms.observe((time.perf_counter() - ctx.t0) * 1000.0)
+                    first = False
+                self.metrics.audio_seconds.increment(audio.size / self.sample_rate)
+                tensors += [pb_utils.Tensor("AUDIO", np.ascontiguousarray(audio, dtype=np.float32)),
+                            pb_utils.Tensor("SAMPLE_RATE", rate)]
+            for name in stage.client_outputs:
+                value = out.get(name)
+                if value is not None and value.size:
+                    tensors.append(self.client_tensor(self.client_specs[name], value))
+            if tensors:   # never an empty response
+                yield tensors

@@ -1,8 +1,11 @@
 """A family the shared layers have never heard of (tests/toy_family: three stages passing
-tensors, declared entirely under tests/) served by a real tritonserver, and the check that the
-shared layers name no model family."""
+tensors, declared entirely under tests/) served by a real tritonserver: its text deltas (a client
+output) interleaved with its audio, a text-only request that skips the audio stages, hang-ups and
+errors that free every stage; and the check that the shared layers name no model family."""
 from __future__ import annotations
 
+import json
+import queue
 import re
 import subprocess
 import sys
@@ -15,9 +18,9 @@ import numpy as np
 import pytest
 
 from client.triton_process import TritonProcess
-from client.triton_stream import TritonStreamError, stream, synthesize
+from client.triton_stream import TritonStreamError, stream, stream_parts, synthesize
 from tests.metrics_scrape import metric
-from tests.toy_family import expected_audio
+from tests.toy_family import audio_of, expected_audio, frames_of, text_pieces
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +67,7 @@ def test_three_stages_pass_tensors(toy_server):
     assert res.sample_rate == 8000
     assert len(res.chunks) == -(-len(text) // 3)         # one render call per writer piece
     np.testing.assert_array_equal(np.concatenate(res.chunks), expected_audio(text, 0.5))
+    assert [t.reshape(-1)[0].decode() for t in res.outputs["TEXT_DELTA"]] == text_pieces(text)
 
 
 def test_concurrent_requests_equal_their_solo_output(toy_server):
@@ -94,7 +98,118 @@ def test_bad_input_names_its_field_and_a_left_stream_frees_every_stage(toy_serve
         if metric(toy_server.metrics_url, "omni_active_streams", pipeline=PIPELINE) == 0 and active == [0, 0]:
             break
         time.sleep(0.2)
-    assert metric(toy_server.metrics_url, "omni_active_streams", pipeline=PIPELINE) == 0
-    assert active == [0, 0]
+    _assert_every_stage_freed(toy_server)
     res = synthesize(toy_server.grpc_url, PIPELINE, "still fine", {})
     np.testing.assert_array_equal(np.concatenate(res.chunks), expected_audio("still fine", 1.0))
+
+
+def _stage_active(server, stage: str) -> float:
+    return metric(server.metrics_url, "omni_stage_active_requests", model=f"{PIPELINE}__{stage}")
+
+
+def _stage_requests(server, stage: str) -> float:
+    return metric(server.metrics_url, "nv_inference_request_success", model=f"{PIPELINE}__{stage}")
+
+
+def _assert_every_stage_freed(server) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        active = [_stage_active(server, s) for s in ("writer", "shaper")]
+        streams = metric(server.metrics_url, "omni_active_streams", pipeline=PIPELINE)
+        if (streams == 0 and active == [0, 0]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert streams == 0 and active == [0, 0]
+
+
+def _raw_responses(url: str, text: str, params: dict) -> list[dict[str, np.ndarray]]:
+    """Every response of a stream as Triton sent it (tritonclient directly): its outputs by name."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = [grpcclient.InferInput("TEXT", [1], "BYTES"), grpcclient.InferInput("PARAMS", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.array([json.dumps(params).encode()], dtype=np.object_))
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    out = []
+    try:
+        client.async_stream_infer(PIPELINE, inputs, enable_empty_final_response=True)
+        while True:
+            result, error = responses.get(timeout=60)
+            assert error is None, error
+            response = result.get_response()
+            if response.parameters["triton_final_response"].bool_param:
+                assert not response.outputs   # the empty final flag
+                return out
+            out.append({t.name: result.as_numpy(t.name) for t in response.outputs})
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_text_deltas_interleave_with_audio_in_arrival_order(toy_server):
+    # 100 pieces, 10 ms apart: the writer is still writing when the first audio leaves
+    text = ("Text deltas arrive as the writer sends them, audio as render makes it. Ünï. " * 4)[:300]
+    pieces = text_pieces(text)
+    responses = _raw_responses(toy_server.grpc_url, text, {"gain": 2.0})
+    for r in responses:   # each response carries what arrived: a text delta, or audio with its rate
+        assert set(r) in ({"TEXT_DELTA"}, {"AUDIO", "SAMPLE_RATE"}), set(r)
+        assert all(v.size for v in r.values())   # never an empty response
+    at_text = [i for i, r in enumerate(responses) if "TEXT_DELTA" in r]
+    at_audio = [i for i, r in enumerate(responses) if "AUDIO" in r]
+    texts = [responses[i]["TEXT_DELTA"].reshape(-1)[0].decode() for i in at_text]
+    assert texts == pieces                                    # in the order the writer sent them
+    assert len(at_audio) == len(pieces)
+    for i, piece in enumerate(pieces):                        # each chunk is its piece's audio, in order
+        tokens = np.array([ord(c) for c in piece], dtype=np.int64)
+        np.testing.assert_array_equal(responses[at_audio[i]]["AUDIO"], audio_of(frames_of(tokens), 2.0))
+        assert at_text[i] < at_audio[i]                       # a piece's text leaves before its audio
+    assert all(int(responses[i]["SAMPLE_RATE"][0]) == 8000 for i in at_audio)
+    assert at_audio[0] < at_text[-1], "text and audio did not interleave"
+    # the speech clients read the audio and skip the text (synthesize keeps it aside)
+    res = synthesize(toy_server.grpc_url, PIPELINE, text, {"gain": 2.0})
+    np.testing.assert_array_equal(np.concatenate(res.chunks), expected_audio(text, 2.0))
+    assert [c.size for c, _ in stream(toy_server.grpc_url, PIPELINE, text, {"gain": 2.0})] == \
+        [responses[i]["AUDIO"].size for i in at_audio]
+
+
+def test_return_audio_false_streams_text_only_and_skips_the_audio_stages(toy_server):
+    text = "only the writer runs here " * 8
+    pieces = text_pieces(text)
+    # Triton counts every request a stage answers: with audio, one shaper stream per piece; the
+    # supervisor's pings (one a second) are the only other ones.
+    before = _stage_requests(toy_server, "shaper")
+    synthesize(toy_server.grpc_url, PIPELINE, text, {})
+    with_audio = _stage_requests(toy_server, "shaper") - before
+    assert with_audio >= len(pieces)
+    before = _stage_requests(toy_server, "shaper")
+    parts = list(stream_parts(toy_server.grpc_url, PIPELINE, text, {"return_audio": False}))
+    text_only = _stage_requests(toy_server, "shaper") - before
+    assert text_only < len(pieces) // 4, (text_only, with_audio)
+    assert all(p.audio is None and set(p.outputs) == {"TEXT_DELTA"} for p in parts)
+    assert [p.outputs["TEXT_DELTA"].reshape(-1)[0].decode() for p in parts] == pieces
+    res = synthesize(toy_server.grpc_url, PIPELINE, text, {"return_audio": False})
+    assert res.chunks == [] and len(res.outputs["TEXT_DELTA"]) == len(text_pieces(text))
+    _assert_every_stage_freed(toy_server)
+
+
+@pytest.mark.parametrize("params", [{}, {"return_audio": False}])
+def test_a_client_that_leaves_after_text_frees_every_stage(toy_server, params):
+    for part in stream_parts(toy_server.grpc_url, PIPELINE, "a long text " * 40, params):
+        assert "TEXT_DELTA" in part.outputs   # the first response is the first piece's text
+        break   # hang up
+    _assert_every_stage_freed(toy_server)
+
+
+@pytest.mark.parametrize("params", [{}, {"return_audio": False}])
+def test_a_failing_text_stage_ends_the_request_with_its_code_and_frees_every_stage(toy_server, params):
+    text = "the writer fails after two pieces of this text"
+    texts = []
+    with pytest.raises(TritonStreamError, match=r"^invalid_request: fail_after: the writer failed as asked"):
+        for part in stream_parts(toy_server.grpc_url, PIPELINE, text, {**params, "fail_after": 2}):
+            texts += [t.reshape(-1)[0].decode() for t in part.outputs.values()]
+    assert texts == text_pieces(text)[:2]
+    _assert_every_stage_freed(toy_server)
+    res = synthesize(toy_server.grpc_url, PIPELINE, "still fine", params)
+    assert [t.reshape(-1)[0].decode() for t in res.outputs["TEXT_DELTA"]] == text_pieces("still fine")

@@ -1,15 +1,22 @@
 """A test-only model family declared entirely here: three stages that pass tensors.
 
 It proves that the shared layers (entry, stages, transfers, builder, speech API catalog) serve a
-family they have never heard of: `writer` streams the text's code points in pieces (INT64),
-`shaper` turns each piece into frames (FP32 [n, 2]) on a stream opened per piece, `render` (a
-batched stage) turns frames into audio. The expected audio is `expected_audio` below.
+family they have never heard of: `writer` streams the text's code points in pieces (INT64) and
+each piece's text to the client (TEXT_DELTA, a client output), `shaper` turns each piece into
+frames (FP32 [n, 2]) on a stream opened per piece, `render` (a batched stage) turns frames into
+audio. The expected audio is `expected_audio` below;
+`return_audio: false` skips shaper and render (text only).
 """
 from __future__ import annotations
 
 import numpy as np
 
 PIECE = 3   # code points per writer response
+
+
+def text_pieces(text: str) -> list[str]:
+    """The writer's TEXT_DELTA responses for `text`."""
+    return [text[i:i + PIECE] for i in range(0, len(text), PIECE)]
 
 
 def frames_of(tokens: np.ndarray) -> np.ndarray:

@@ -1,11 +1,21 @@
 """Request fields of the toy family."""
 from __future__ import annotations
 
+from typing import Any
+
 from omni_backend.adapters.base import Param, TTSAdapter
+
+SHAPER = 1   # stage id; skipping it skips `render`, its consumer
 
 
 class ToyAdapter(TTSAdapter):
     params = (
         Param("gain", float, default=1.0, lo=0.0, hi=4.0, help="scales the audio"),
         Param("voice", str, default="plain", choices=("plain", "bright"), help="toy voices"),
+        Param("return_audio", bool, default=True, help="false: only the writer's text, no audio stages"),
+        Param("fail_after", int, default=0, lo=0, hi=1000,
+              help="test hook: the writer fails after this many pieces (0: never)"),
     )
+
+    def skipped_stages(self, request: dict[str, Any]) -> frozenset[int]:
+        return frozenset() if request["return_audio"] else frozenset({SHAPER})

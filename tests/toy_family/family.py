@@ -13,8 +13,11 @@ PIPELINES = (
         default_model="builtin:toy",
         sample_rate=8000,
         stages=(
+            # TEXT_DELTA reaches the client as it arrives; ERROR carries the writer's errors over BLS
             StageConfig(stage_id=0, model_stage="writer", kind="stream",
-                        outputs=(TensorSpec("TOKENS", "INT64", (-1,)),),
+                        outputs=(TensorSpec("TOKENS", "INT64", (-1,)), TensorSpec("TEXT_DELTA", "STRING", (1,)),
+                                 TensorSpec("ERROR", "STRING", (1,))),
+                        client_outputs=("TEXT_DELTA",),
                         triton_class="tests.toy_family.stages.Writer"),
             StageConfig(stage_id=1, model_stage="shaper", kind="stream", input_sources=(0,),
                         inputs=(TensorSpec("TOKENS", "INT64", (-1,)),),

@@ -7,8 +7,9 @@ from typing import Any, AsyncIterator, Hashable
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from omni_backend.errors import InvalidRequest
 from omni_backend.triton.batched_stage import BatchedStage, Inputs
-from omni_backend.triton.decoupled import StreamContext
+from omni_backend.triton.decoupled import StreamContext, bytes_tensor
 from omni_backend.triton.stage import StageModel
 from tests.toy_family import PIECE, audio_of, frames_of
 
@@ -16,10 +17,14 @@ from tests.toy_family import PIECE, audio_of, frames_of
 class Writer(StageModel):
     async def generate(self, ctx: StreamContext, request: dict[str, Any] | None,
                        inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
-        tokens = np.array([ord(c) for c in request["text"]], dtype=np.int64)
-        for i in range(0, len(tokens), PIECE):
+        text = request["text"]
+        tokens = np.array([ord(c) for c in text], dtype=np.int64)
+        for n, i in enumerate(range(0, len(tokens), PIECE)):
             await asyncio.sleep(0.01)   # a piece at a time, like an AR stage
-            yield [pb_utils.Tensor("TOKENS", tokens[i:i + PIECE])]
+            if n == request["fail_after"] > 0:
+                raise InvalidRequest("fail_after", f"the writer failed as asked after {n} pieces")
+            yield [pb_utils.Tensor("TOKENS", tokens[i:i + PIECE]),
+                   bytes_tensor("TEXT_DELTA", text[i:i + PIECE])]
 
 
 class Shaper(StageModel):

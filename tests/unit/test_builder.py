@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +71,44 @@ def test_model_path_must_be_a_checkpoint(tmp_path, capsys):
 def test_unknown_pipeline(capsys):
     assert main(["build", "--pipeline", "nope", "--out", "/tmp/unused"]) == 2
     assert "unknown pipeline" in capsys.readouterr().err
+
+
+def test_client_outputs_become_entry_outputs(tmp_path):
+    assert main(["build", "--family", "tests.toy_family.family", "--pipeline", "toy_three_stage",
+                 "--deploy", str(ROOT / "tests/toy_family/toy_three_stage.yaml"), "--out", str(tmp_path)]) == 0
+    entry = (tmp_path / "toy_three_stage" / "config.pbtxt").read_text()
+    outputs = entry[entry.index("output ["):entry.index("instance_group")]
+    assert [line.split('"')[1] for line in outputs.splitlines() if "name:" in line] == \
+        ["AUDIO", "SAMPLE_RATE", "TEXT_DELTA"]
+    assert 'name: "TEXT_DELTA"\n    data_type: TYPE_STRING\n    dims: [ 1 ]' in outputs
+    writer = (tmp_path / "toy_three_stage__writer" / "config.pbtxt").read_text()
+    assert 'name: "TEXT_DELTA"' in writer   # the stage declares it as any other output
+
+
+_CLASHING_FAMILY = '''
+from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
+
+def _stage(i, text, **kw):
+    return StageConfig(stage_id=i, model_stage=f"s{i}", kind="stream", triton_class="x.Y",
+                       outputs=(TensorSpec("CODES", "INT64", (-1,)), text), client_outputs=(text.name,), **kw)
+
+PIPELINES = (PipelineConfig(name="clashing_outputs", family="x", adapter="x.A", default_deploy="x", stages=(
+    _stage(0, TensorSpec("TEXT_DELTA", "STRING", (1,))),
+    _stage(1, SECOND, input_sources=(0,), transfer="x.T"),
+    StageConfig(stage_id=2, model_stage="s2", kind="batched", triton_class="x.Y", final_output=True,
+                input_sources=(1,), transfer="x.T", outputs=(TensorSpec("AUDIO", "FP32", (-1,)),)))),)
+'''
+
+
+@pytest.mark.parametrize("second,msg", [
+    ('TensorSpec("TEXT_DELTA", "STRING", (-1,))',
+     r"client output 'TEXT_DELTA' is STRING \[1\] in stage 0 \(s0\) but STRING \[-1\] in stage 1 \(s1\)"),
+    ('TensorSpec("AUDIO", "FP32", (-1,))', r"stage 1 \(s1\) client output 'AUDIO' clashes with a reserved name"),
+])
+def test_a_clashing_client_output_fails_the_build_naming_it(tmp_path, second, msg):
+    (tmp_path / "clashing_family.py").write_text(_CLASHING_FAMILY.replace("SECOND", second))
+    r = subprocess.run([sys.executable, "-m", "ensemble_builder", "build", "--family", "clashing_family",
+                        "--pipeline", "clashing_outputs", "--out", str(tmp_path / "r")],
+                       cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 2, r.stderr
+    assert re.search(r"error: pipeline clashing_outputs: " + msg, r.stderr), r.stderr

@@ -72,3 +72,71 @@ def test_a_family_declaring_a_known_pipeline_is_rejected(tmp_path, monkeypatch):
 def test_tensor_dtypes_are_checked():
     with pytest.raises(ValueError, match="dtype"):
         TensorSpec("X", "FLOAT", (1,))
+
+
+TEXT = TensorSpec("TEXT_DELTA", "STRING", (1,))
+
+
+def _texting(i, client_outputs=("TEXT_DELTA",), outputs=CODES + (TEXT,), **kw):
+    return dataclasses.replace(_stage(i, **kw), outputs=outputs, client_outputs=client_outputs)
+
+
+def _pipeline(*stages):
+    return PipelineConfig(name="p", family="x", adapter="x.A", stages=stages, default_deploy="x")
+
+
+@pytest.mark.parametrize("stages,msg", [
+    ((_texting(0, client_outputs=("TEXT",)), _stage(1, final=True, sources=(0,))),
+     r"stage 0 \(s0\) client output 'TEXT' is not one of its outputs \(CODES, TEXT_DELTA\)"),
+    ((_texting(0, client_outputs=("AUDIO",), outputs=CODES + AUDIO), _stage(1, final=True, sources=(0,))),
+     r"stage 0 \(s0\) client output 'AUDIO' clashes with a reserved name"),
+    ((_texting(0, client_outputs=("SAMPLE_RATE",), outputs=CODES + (TensorSpec("SAMPLE_RATE", "INT32", (1,)),)),
+      _stage(1, final=True, sources=(0,))), r"client output 'SAMPLE_RATE' clashes with a reserved name"),
+    ((_texting(0, client_outputs=("ERROR",), outputs=CODES + (TensorSpec("ERROR", "STRING", (1,)),)),
+      _stage(1, final=True, sources=(0,))), r"client output 'ERROR' clashes with a reserved name"),
+    ((_texting(0, client_outputs=("TEXT_DELTA", "TEXT_DELTA")), _stage(1, final=True, sources=(0,))),
+     r"lists client output 'TEXT_DELTA' twice"),
+    ((_texting(0), _texting(1, sources=(0,), outputs=CODES + (TensorSpec("TEXT_DELTA", "INT64", (-1,)),)),
+      _stage(2, final=True, sources=(1,))),
+     r"client output 'TEXT_DELTA' is STRING \[1\] in stage 0 \(s0\) but INT64 \[-1\] in stage 1 \(s1\)"),
+])
+def test_bad_client_outputs_are_named(stages, msg):
+    with pytest.raises(ValueError, match=msg):
+        _pipeline(*stages).validate()
+
+
+def test_client_outputs_are_one_entry_output_per_name():
+    p = _pipeline(_texting(0), _texting(1, sources=(0,)), _stage(2, final=True, sources=(1,)))
+    p.validate()   # the same name with the same spec in two stages is one entry output
+    assert p.client_output_specs() == (TEXT,)
+    assert _pipeline(_stage(0, final=True)).client_output_specs() == ()
+
+
+def test_a_stage_read_only_by_the_client_goes_somewhere():
+    # stage 1 feeds nobody but the client: its text is its output
+    _pipeline(_stage(0), _texting(1, sources=(0,)), _stage(2, final=True, sources=(0,))).validate()
+
+
+def test_skipped_stages_take_their_consumers_and_idle_sources_along():
+    # 0 (text to the client) feeds 1 and 2, which both feed 3 (the final stage)
+    p = _pipeline(_texting(0), _stage(1, sources=(0,)), _stage(2, sources=(0,)),
+                  _stage(3, final=True, sources=(1, 2)))
+    p.validate()
+    assert p.stages_run() == {0, 1, 2, 3}
+    assert p.stages_run(frozenset({1})) == {0}         # 3 reads 1: skipped; 2 then feeds nobody
+    assert p.stages_run(frozenset({3})) == {0}         # the final stage alone: text only
+    with pytest.raises(ValueError, match=r"skipping stages \[0\] leaves nothing for the client"):
+        p.stages_run(frozenset({0}))
+    with pytest.raises(ValueError, match=r"skipped stages \[7\] do not exist"):
+        p.stages_run(frozenset({7}))
+    audio_only = _pipeline(_stage(0), _stage(1, final=True, sources=(0,)))
+    with pytest.raises(ValueError, match="leaves nothing for the client"):
+        audio_only.stages_run(frozenset({1}))
+
+
+def test_adapters_skip_no_stage_by_default():
+    from omni_backend.adapters.base import TTSAdapter
+
+    assert TTSAdapter().skipped_stages({"text": "hi"}) == frozenset()
+    for p in pipelines().values():   # every served pipeline runs all its stages for a plain request
+        assert p.stages_run() == frozenset(range(len(p.stages)))
