@@ -91,15 +91,20 @@ class PoolStream:
 
     async def _next(self, it: AsyncIterator):
         pending = asyncio.ensure_future(it.__anext__())
-        while True:
-            done, _ = await asyncio.wait({pending}, timeout=self.watch_s)
-            if done:
-                return pending.result()
-            if self.pipeline in self.endpoint.unready:
+        try:
+            while True:
+                done, _ = await asyncio.wait({pending}, timeout=self.watch_s)
+                if done:
+                    return pending.result()
+                if self.pipeline in self.endpoint.unready:
+                    raise no_backend(f"'{self.pipeline}' is restarting on Triton at {self.endpoint.url}; "
+                                     "the stream was cut, retry")
+        finally:
+            # also when the client hung up (this task cancelled): a step left running would keep
+            # the source busy, so its aclose() could not end the Triton stream
+            if not pending.done():
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
-                raise no_backend(f"'{self.pipeline}' is restarting on Triton at {self.endpoint.url}; "
-                                 "the stream was cut, retry")
 
     async def chunks(self) -> AsyncIterator[tuple[np.ndarray, int]]:
         if self.first is None:

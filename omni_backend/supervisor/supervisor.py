@@ -216,6 +216,8 @@ class Supervisor:
     def _heal_if_stub_missing(self, state: PipelineState) -> None:
         """A model of the pipeline with no living stub when its stubs were recorded: its stub died
         between Triton calling it ready and the recording, so the stub check would never see it."""
+        if self.proc is None or self.proc.returncode is not None:
+            return   # the server itself is gone: it is restarted, not its pipelines
         missing = [m for m in state.pipeline.models if not any(s.model == m for s in state.stubs)]
         if missing:
             self._start_heal(state, PingFailed(f"unavailable: {missing[0]}: its stub process exited", missing[0]))
@@ -304,6 +306,7 @@ class Supervisor:
     async def _heal(self, state: PipelineState, failure: PingFailed) -> None:
         p = state.pipeline
         t0 = time.monotonic()
+        reloaded = False
         old = {s.pid for s in stubs.stubs_of(self.proc.pid) if s.model in p.models}
         log.error("pipeline %s failed: %s; reloading %s", p.name, failure, ", ".join(p.models))
         try:
@@ -320,6 +323,7 @@ class Supervisor:
                 try:
                     await self._reload(p, f"the pipeline is restarting ({failure.model or p.name} failed)")
                     log.info("pipeline %s reloaded in %.1f s", p.name, time.monotonic() - t0)
+                    reloaded = True
                     break
                 except Exception as e:  # noqa: BLE001 - keep trying: the server is not ready meanwhile
                     if self.stop_requested.is_set():
@@ -331,8 +335,10 @@ class Supervisor:
             self._record_stubs(state, old)
             self._answered(state, await asyncio.get_running_loop().run_in_executor(None, self.control.progress))
             state.healing = False
-            if not self.stop_requested.is_set():
-                self._heal_if_stub_missing(state)
+        # only after a reload that ran to its end: a heal cancelled because the server itself
+        # exited would find no stubs and heal the next server's pipelines with this one's state
+        if reloaded and not self.stop_requested.is_set():
+            self._heal_if_stub_missing(state)
 
     async def _reload(self, p: Pipeline, why: str) -> None:
         # Open streams hold the entry (Triton finalizes a model only after its last stream), and
