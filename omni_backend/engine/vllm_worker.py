@@ -174,7 +174,13 @@ def _load_engine(model: str, options: dict[str, Any], scratch: str) -> tuple[Any
 def _stage_gone(scratch: str) -> None:
     """The stage closed the socket or died: remove the socket folder (a dead stage cannot; a
     live one ignores that it is gone) and exit."""
-    shutil.rmtree(scratch, ignore_errors=True)
+    # the main thread may be binding its socket in there meanwhile (a stage that died while we
+    # started): rmtree then lists the folder before the socket appears and cannot remove the folder
+    for _ in range(40):
+        shutil.rmtree(scratch, ignore_errors=True)
+        if not os.path.exists(scratch):
+            break
+        time.sleep(0.05)
     os._exit(0)
 
 
