@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .rope_distance_head import distance_head
+
 __all__ = ["SHAPES", "SPEAKERS", "TOKEN_IDS", "CODEC_IDS", "checkpoint_config", "tensor_specs",
            "write_random_checkpoint", "rig_thinker_im_end", "rig_talker_eos", "main"]
 
@@ -526,37 +528,6 @@ def _draw(spec: _Tensor, seed: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------- stop rigs
 
 
-def _distance_head(theta_base: float, head_dim: int, distance: int, max_distance: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Query and key directions (rotate-half RoPE layout) and the q/k norm gain for an attention
-    head whose only key (the anchor) wins the softmax exactly when it lies ``distance`` positions
-    back, against up to ``max_distance`` keys scored zero. The high-frequency pairs locate the
-    distance; one low-frequency pair subtracts a near-constant so every other distance scores
-    below zero."""
-    half = head_dim // 2
-    theta = float(theta_base) ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    high = list(range(half - 2))
-    low = half - 1
-    offsets = torch.arange(1, max_distance + 1, dtype=torch.float64)
-    drop = sum(1 - torch.cos(offsets * theta[i]) for i in high)
-    margin = float(drop.min()) / 2
-    constant = len(high) - margin
-    drift = constant * float(1 - torch.cos(max_distance * theta[low]))
-    if margin <= 0.05 or drift > margin / 4:
-        raise ValueError(f"eos rig: head_dim {head_dim} cannot locate distances up to {max_distance}")
-    q_dir = torch.zeros(head_dim, dtype=torch.float64)
-    k_dir = torch.zeros(head_dim, dtype=torch.float64)
-    for i in high + [low]:
-        amplitude = 1.0 if i != low else -constant
-        q_dir[i] = amplitude * math.cos(distance * theta[i])
-        q_dir[i + half] = -amplitude * math.sin(distance * theta[i])
-        k_dir[i] = 1.0
-    rms = lambda v: float(v.pow(2).mean().sqrt())  # noqa: E731
-    sharpness = (math.log(max_distance) + 6.0) / margin
-    gain = math.sqrt(sharpness * rms(q_dir) * rms(k_dir) * math.sqrt(head_dim))
-    return q_dir.float(), k_dir.float(), gain
-
-
 def _rig_layer0_head0(tensors: dict[str, torch.Tensor], prefix: str, layers: int, hidden: int, heads: int,
                       kv_heads: int, head_dim: int, distance: int, max_distance: int,
                       mlp_down: list[str]) -> tuple[int, int, int]:
@@ -565,7 +536,7 @@ def _rig_layer0_head0(tensors: dict[str, torch.Tensor], prefix: str, layers: int
     positive value in ``one`` everywhere and a value in ``anchor`` only at the anchor token.
     ``mlp_down`` lists every tensor whose rows write the residual stream from an MLP."""
     one, anchor, trigger = hidden - 1, hidden - 2, hidden - 3
-    q_dir, k_dir, gain = _distance_head(1000000.0, head_dim, distance, max_distance)
+    q_dir, k_dir, gain = distance_head(1000000.0, head_dim, distance, max_distance)
     p = f"{prefix}layers.0."
     tensors[p + "input_layernorm.weight"][[one, anchor]] = 1.0
     q = tensors[p + "self_attn.q_proj.weight"]

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from .qwen3_tts_random_speech_tokenizer import write_speech_tokenizer
+from .rope_distance_head import distance_head
 
 __all__ = ["SIZES", "MODEL_TYPES", "checkpoint_config", "write_random_checkpoint", "rig_eos_after", "main"]
 
@@ -274,32 +275,10 @@ def rig_eos_after(tensors: dict[str, torch.Tensor], config: dict, frames: int, m
     t = config["talker_config"]
     hidden, head_dim = t["hidden_size"], t["head_dim"]
     heads, kv_heads = t["num_attention_heads"], t["num_key_value_heads"]
-    half = head_dim // 2
     one, anchor, trigger = hidden - 1, hidden - 2, hidden - 3
     eos, bos = t["codec_eos_token_id"], t["codec_bos_id"]
 
-    theta = float(t["rope_theta"]) ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    high = list(range(half - 2))      # pairs that locate the distance
-    low = half - 1                    # the (almost) constant pair
-    distance = torch.arange(1, max_distance + 1, dtype=torch.float64)
-    drop = sum(1 - torch.cos(distance * theta[i]) for i in high)
-    margin = float(drop.min()) / 2
-    constant = len(high) - margin     # score(frames) = margin, score(other) <= -margin
-    drift = constant * float(1 - torch.cos(max_distance * theta[low]))
-    if margin <= 0.05 or drift > margin / 4:
-        raise ValueError(f"eos-after: head_dim {head_dim} cannot locate distances up to {max_distance}")
-
-    q_dir = torch.zeros(head_dim, dtype=torch.float64)
-    k_dir = torch.zeros(head_dim, dtype=torch.float64)
-    for i in high + [low]:
-        amplitude = 1.0 if i != low else -constant
-        q_dir[i] = amplitude * math.cos(frames * theta[i])
-        q_dir[i + half] = -amplitude * math.sin(frames * theta[i])
-        k_dir[i] = 1.0
-    rms = lambda v: float(v.pow(2).mean().sqrt())  # noqa: E731
-    # the softmax must pick the anchor against up to max_distance zero-score keys
-    sharpness = (math.log(max_distance) + 6.0) / margin
-    gain = math.sqrt(sharpness * rms(q_dir) * rms(k_dir) * math.sqrt(head_dim))
+    q_dir, k_dir, gain = distance_head(float(t["rope_theta"]), head_dim, frames, max_distance)
 
     def get(name: str) -> torch.Tensor:
         return tensors[name]
