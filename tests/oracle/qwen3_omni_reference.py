@@ -55,7 +55,8 @@ DEFAULTS = {"speaker": "Ethan", "return_audio": True, "thinker_max_new_tokens": 
             "talker_repetition_penalty": 1.05}
 
 
-def _messages(job: dict) -> list[dict]:
+def job_messages(job: dict) -> list[dict]:
+    """The chat a job asks for: its `messages`, or its `prompt` (and `system`) as one."""
     if "messages" in job:
         return job["messages"]
     messages = []
@@ -75,7 +76,7 @@ def _run_job(model, tokenizer, job: dict) -> tuple[dict, dict]:
     import torch
 
     job = {**DEFAULTS, **job}
-    messages = _messages(job)
+    messages = job_messages(job)
     prompt_text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     input_ids = torch.tensor([tokenizer(prompt_text, add_special_tokens=False)["input_ids"]], dtype=torch.long)
 

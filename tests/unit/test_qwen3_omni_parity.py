@@ -22,6 +22,7 @@ from omni_backend.models.qwen3_omni.checkpoint import load_checkpoint
 from omni_backend.models.qwen3_omni.config import ConfigError, Qwen3OmniConfig
 from omni_backend.models.qwen3_omni.generate import Sampling, generate, talker_generate, thinker_generate
 from omni_backend.models.qwen3_omni.prompt import PromptError, TalkerInput
+from tests.oracle.qwen3_omni_reference import job_messages
 from tests.qwen3_omni_fixtures import (  # noqa: F401  (pytest fixtures)
     QWEN3_OMNI_JOBS,
     QWEN3_OMNI_SHAPES,
@@ -34,17 +35,6 @@ from tests.qwen3_omni_fixtures import (  # noqa: F401  (pytest fixtures)
 SHAPES = tuple(QWEN3_OMNI_SHAPES)
 JOB_IDS = tuple(job["id"] for job in QWEN3_OMNI_JOBS)
 WAVEFORM_TOLERANCE = 1e-4
-
-
-def _messages(job: dict) -> list[dict]:
-    """The chat the oracle renders for a job (its ``_messages``)."""
-    if "messages" in job:
-        return job["messages"]
-    messages = []
-    if job.get("system"):
-        messages.append({"role": "system", "content": [{"type": "text", "text": job["system"]}]})
-    messages.append({"role": "user", "content": [{"type": "text", "text": job["prompt"]}]})
-    return messages
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +59,7 @@ def ours(checkpoints, qwen3_omni_reference):
         for job_id, ref in qwen3_omni_reference[shape]["jobs"].items():
             job = ref["job"]
             results[shape, job_id] = generate(
-                checkpoint, messages=_messages(job), speaker=job["speaker"], return_audio=bool(job["return_audio"]),
+                checkpoint, messages=job_messages(job), speaker=job["speaker"], return_audio=bool(job["return_audio"]),
                 thinker_max_new_tokens=int(job["thinker_max_new_tokens"]),
                 talker_max_new_tokens=int(job["talker_max_new_tokens"]),
                 talker_sampling=Sampling(repetition_penalty=float(job["talker_repetition_penalty"])))
@@ -85,9 +75,9 @@ def _ref(qwen3_omni_reference, shape: str, job_id: str) -> dict:
 def test_prompt_ids_equal_reference(checkpoints, qwen3_omni_reference, shape, job_id):
     ref = _ref(qwen3_omni_reference, shape, job_id)
     builder = checkpoints[shape].prompt_builder()
-    ids = builder.build(messages=_messages(ref["job"]))
+    ids = builder.build(messages=job_messages(ref["job"]))
     assert ids == ref["input_ids"].tolist()
-    assert builder.text(messages=_messages(ref["job"])) == ref["prompt_text"]
+    assert builder.text(messages=job_messages(ref["job"])) == ref["prompt_text"]
     job = ref["job"]
     if "prompt" in job:  # a plain prompt (string content) renders as the list-of-parts chat does
         assert builder.build(prompt=job["prompt"], system=job.get("system")) == ids
