@@ -16,6 +16,7 @@ from client.speech_api.access_log import AccessLogMiddleware
 from client.speech_api.admission import StreamLimiter
 from client.speech_api.auth import ApiKeys
 from client.speech_api.catalog import Catalog
+from client.speech_api.chat_request import AudioTranscripts
 from client.speech_api.config import ShimConfig
 from client.speech_api.errors import ApiError, invalid_request, not_found
 from client.speech_api.pool import TritonPool
@@ -37,6 +38,7 @@ class Shim:
         self.pool = TritonPool(config.tritons, self.catalog, probe_interval_s=config.probe_interval_s)
         self.limiter = StreamLimiter(config.max_streams_per_pipeline, config.retry_after_s)
         self.voices = VoiceRegistry(config.voices_dir or default_voices_dir())
+        self.chat_audio = AudioTranscripts()   # earlier chat answers' transcripts, by audio id
         self.started_at = time.time()
 
 

@@ -28,6 +28,8 @@ OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "on
 VOICE_PARAM_NAMES = ("voice", "speaker")
 # Fields that only make sense for pipelines that clone a voice from reference audio.
 CLONE_FIELDS = ("ref_audio", "ref_text", "x_vector_only_mode")
+# Parameter types `Param` checks; a catalog may also list others (a list of messages).
+_SCALAR_TYPES = ("int", "float", "str", "bool")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class PipelineInfo:
     description: str = ""
     params: tuple[dict, ...] = ()      # the catalog's parameter documentation
     clones: bool | None = None         # the catalog's word on voice cloning (None: from the fields)
+    # The catalog's `chat`: the pipeline answers a conversation (POST /v1/chat/completions)
+    # instead of reading its input aloud (POST /v1/audio/speech).
+    chat: bool = False
 
     @property
     def known(self) -> bool:
@@ -92,24 +97,31 @@ class PipelineInfo:
 
 def describe_pipeline(name: str, catalog: str | None = None) -> PipelineInfo:
     """A pipeline's fields from its entry's `catalog` parameter (JSON)."""
+    described = None
     try:
         described = json.loads(catalog) if catalog else None
         if not isinstance(described, dict):
             raise ValueError("no catalog")
-        specs = [Param.from_dict(d) for d in described["params"]]
+        chat = described.get("chat") is True
+        fields: dict[str, FieldSpec] = {}
+        for d in described["params"]:
+            if d.get("type") not in _SCALAR_TYPES:   # a structured value (a chat's messages): Triton checks it
+                fields[d["name"]] = FieldSpec(name=d["name"], default=d.get("default"))
+                continue
+            p = Param.from_dict(d)
+            fields[p.name] = FieldSpec(name=p.name, default=p.default, lo=p.lo, hi=p.hi, choices=p.choices,
+                                       check=p.check)
         voices = tuple(described.get("voices") or ())
     except (ValueError, KeyError, TypeError) as e:   # unknown here: Triton validates instead
         log.warning("pipeline %s: request fields unknown to the shim (%s); passing them through", name, e)
-        return PipelineInfo(name=name)
-    fields = {p.name: FieldSpec(name=p.name, default=p.default, lo=p.lo, hi=p.hi, choices=p.choices,
-                                check=p.check) for p in specs}
+        return PipelineInfo(name=name, chat=isinstance(described, dict) and described.get("chat") is True)
     for n in VOICE_PARAM_NAMES:
         if voices and n in fields and fields[n].choices is None:
             fields[n] = FieldSpec(name=n, default=fields[n].default, choices=voices, check=fields[n].check)
             break
     return PipelineInfo(name=name, fields=fields, sample_rate=described.get("sample_rate"),
                         description=described.get("description", ""), params=tuple(described["params"]),
-                        clones=bool(described.get("clones_voices")))
+                        clones=bool(described.get("clones_voices")), chat=chat)
 
 
 def entry_pipeline_name(model_name: str, config: dict[str, Any]) -> str | None:

@@ -27,7 +27,7 @@ import tritonclient.grpc.aio as grpcaio
 
 from client.speech_api.catalog import Catalog, entry_pipeline_name
 from client.speech_api.errors import ApiError, from_triton, internal, no_backend
-from client.triton_stream import TritonStreamError, astream
+from client.triton_stream import StreamPart, TritonStreamError, astream, astream_parts
 
 log = logging.getLogger("omni.speech_api")
 
@@ -74,13 +74,15 @@ class TritonEndpoint:
 
 
 class PoolStream:
-    """One Triton stream on one endpoint; iterate (audio, rate) chunks, then `aclose()`.
+    """One Triton stream on one endpoint; iterate (audio, rate) chunks (or `StreamPart`s, when
+    opened with ``parts``), then `aclose()`.
 
     A stream whose pipeline the prober sees unloaded on its server (the supervisor restarting it
     after its entry's stub died) ends with a 503: Triton 2.51 cannot answer the streams of a dead
     entry, they would hang."""
 
-    def __init__(self, endpoint: TritonEndpoint, source: AsyncIterator, first: tuple[np.ndarray, int] | None,
+    def __init__(self, endpoint: TritonEndpoint, source: AsyncIterator,
+                 first: tuple[np.ndarray, int] | StreamPart | None,
                  pipeline: str = "", watch_s: float = 0.5):
         self.endpoint = endpoint
         self._source = source
@@ -246,8 +248,10 @@ class TritonPool:
         return min(candidates, key=lambda ep: (ep.active, ep.last_pick))
 
     async def open_stream(self, pipeline: str, text: str, params: dict[str, Any],
-                          request_id: str) -> PoolStream:
-        """Start a stream and wait for its first audio, moving on from endpoints that fail."""
+                          request_id: str, parts: bool = False) -> PoolStream:
+        """Start a stream and wait for its first audio, moving on from endpoints that fail.
+        ``parts``: the stream yields every response as a `StreamPart` (a chat's text deltas and
+        its audio) and its first response, whatever it carries, is the one waited for."""
         skip: list[TritonEndpoint] = []
         busy: ApiError | None = None
         reprobed = False
@@ -264,7 +268,7 @@ class TritonPool:
                                  f"({'; '.join(f'{e.url}: {e.last_error}' for e in self.endpoints if not e.healthy) or 'model not loaded'})")
             ep.active += 1
             ep.last_pick = next(self._picks)
-            source = astream(ep.client, pipeline, text, params or None, request_id)
+            source = (astream_parts if parts else astream)(ep.client, pipeline, text, params or None, request_id)
             try:
                 first = await source.__anext__()
             except StopAsyncIteration:

@@ -1,4 +1,4 @@
-"""A streamed HTTP response that notices the client leaving.
+"""HTTP responses that notice the client leaving (a stream, and a whole answer still computing).
 
 Starlette's StreamingResponse only finds out at the next write; this one also listens for
 `http.disconnect` while waiting for audio, and cancels the body at once, which closes the Triton
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 from starlette.responses import Response
 
@@ -58,3 +58,39 @@ class AudioStreamResponse(Response):
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
+
+
+class WatchedResponse(Response):
+    """A whole answer (status, headers, body) computed while the client is watched: a client
+    that hangs up before it is ready cancels the computation (which closes its Triton stream),
+    where a plain route would compute it to the end for nobody."""
+
+    def __init__(self, answer: Awaitable[tuple[int, dict[str, str], bytes]], media_type: str,
+                 headers: dict[str, str] | None = None, abandon: Callable[[], Awaitable[None]] | None = None):
+        self.answer = answer
+        self.abandon = abandon   # frees what `answer` holds when it is cancelled before it ran
+        self.media_type = media_type
+        self.background = None
+        self.extra_headers = dict(headers or {})
+        self.raw_headers = []  # what FastAPI may add (sub-response headers)
+
+    async def __call__(self, scope, receive, send) -> None:
+        computing = asyncio.ensure_future(self.answer)
+        watcher = asyncio.create_task(AudioStreamResponse._watch(receive))
+        try:
+            await asyncio.wait({computing, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (computing, watcher):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(computing, watcher, return_exceptions=True)
+        if computing.cancelled():   # the client left: nobody to answer
+            if self.abandon is not None:
+                await self.abandon()
+            return
+        status, headers, body = computing.result()   # an unexpected exception: the 500 envelope
+        headers = {"content-type": self.media_type, "cache-control": "no-store", **self.extra_headers, **headers}
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+                                *self.raw_headers]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,4 +1,4 @@
-"""The HTTP surface: speech, models, voices, health and the web page; the speech WebSocket."""
+"""The HTTP surface: speech, chat, models, voices, health and the web page; the speech WebSocket."""
 from __future__ import annotations
 
 import asyncio
@@ -9,12 +9,14 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse
 
 from client.speech_api.catalog import OPENAI_MODEL_ALIASES
+from client.speech_api.chat_completion import ChatCompletion
+from client.speech_api.chat_request import build_chat_params, parse_chat_body, refuse_chat_pipeline
 from client.speech_api.encoders import CONTENT_TYPES
 from client.speech_api.encoders.pcm import PCM_RATE
 from client.speech_api.errors import ApiError, invalid_request, model_not_found, no_backend
 from client.speech_api.request import body_error, build_triton_params, parse_speech_body
 from client.speech_api.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
-from client.speech_api.response import AudioStreamResponse
+from client.speech_api.response import AudioStreamResponse, WatchedResponse
 from client.speech_api.speech_stream import SpeechStreamSession
 from client.speech_api.synthesis import SpeechSynthesis
 from client.speech_api.voices import MAX_AUDIO_BYTES
@@ -72,8 +74,13 @@ async def list_models(request: Request) -> JSONResponse:
     _authorize(request)
     shim = _shim(request)
     created = int(shim.started_at)
-    data = [{"id": name, "object": "model", "created": created, "owned_by": "omni-triton-tts",
-             "pipeline": shim.catalog.resolve(name)} for name in shim.catalog.model_names()]
+    data = []
+    for name in shim.catalog.model_names():
+        pipeline = shim.catalog.resolve(name)
+        info = shim.catalog.get(pipeline) if pipeline else None
+        # `chat`: answers POST /v1/chat/completions rather than reading text aloud
+        data.append({"id": name, "object": "model", "created": created, "owned_by": "omni-triton-tts",
+                     "pipeline": pipeline, "chat": bool(info is not None and info.chat)})
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -88,6 +95,8 @@ async def get_model(request: Request, model: str) -> JSONResponse:
     if info is not None and info.known:   # what the pipeline accepts (its request parameters)
         body.update(description=info.description, sample_rate=info.sample_rate, voices=info.voices,
                     clones_voices=info.clones_voices, parameters=list(info.params))
+    if info is not None:
+        body["chat"] = info.chat
     return JSONResponse(body)
 
 
@@ -172,11 +181,8 @@ def body_too_large() -> ApiError:
                     type="invalid_request_error", code="request_too_large")
 
 
-@router.post("/v1/audio/speech")
-async def create_speech(request: Request):
-    _authorize(request)
-    shim = _shim(request)
-    access = request.state.access
+async def _json_body(request: Request):
+    """The decoded JSON body, refused by its size before it is parsed."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise body_too_large()    # before reading a byte of it
@@ -186,12 +192,20 @@ async def create_speech(request: Request):
         if len(raw) > MAX_BODY_BYTES:
             raise body_too_large()
     try:
-        body = json.loads(bytes(raw))
+        return json.loads(bytes(raw))
     except (ValueError, RecursionError) as e:   # UnicodeDecodeError is a ValueError
         raise body_error(e) from None
-    speech = parse_speech_body(body)
+
+
+@router.post("/v1/audio/speech")
+async def create_speech(request: Request):
+    _authorize(request)
+    shim = _shim(request)
+    access = request.state.access
+    speech = parse_speech_body(await _json_body(request))
     pipeline = await _resolve(request, speech.model)
     info = shim.catalog.get(pipeline)
+    refuse_chat_pipeline(info)
     triton_request = build_triton_params(speech, info, shim.voices)
     access.update(model=pipeline, format=speech.response_format,
                   stream=speech.stream_format, speed=speech.speed)
@@ -204,6 +218,39 @@ async def create_speech(request: Request):
         headers["x-omni-ignored-fields"] = ",".join(triton_request.ignored)
     media = SSE_CONTENT_TYPE if speech.stream_format == "sse" else CONTENT_TYPES[speech.response_format]
     return AudioStreamResponse(synthesis.body(), media_type=media, headers=headers)
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request):
+    """A chat pipeline's answer as text, or text and audio (client/speech_api/chat_completion.py)."""
+    _authorize(request)
+    shim = _shim(request)
+    access = request.state.access
+    chat = parse_chat_body(await _json_body(request), shim.chat_audio)
+    pipeline = await _resolve(request, chat.model)
+    info = shim.catalog.get(pipeline)
+    if info is None or not info.chat:
+        raise invalid_request("model", f"model: '{chat.model}' reads text aloud and does not chat; use "
+                                       "POST /v1/audio/speech, or a chat model "
+                                       f"({', '.join(n for n, p in sorted(shim.catalog.pipelines().items()) if p.chat) or 'none is loaded'})")
+    triton = build_chat_params(chat, info)
+    access.update(model=pipeline, format=chat.audio_format or "text", stream="sse" if chat.stream else "json")
+    completion = ChatCompletion(shim.pool, shim.limiter, chat, triton, chat.model, request.state.request_id,
+                                access, shim.chat_audio)
+    await completion.start()
+    headers = {"x-omni-model": pipeline, "x-omni-ttfa-ms": f"{access['ttfa_ms']:.1f}"}
+    if chat.stream:
+        return AudioStreamResponse(completion.chunks(), media_type=SSE_CONTENT_TYPE, headers=headers)
+
+    async def answer() -> tuple[int, dict[str, str], bytes]:
+        try:
+            return 200, {}, ChatCompletion.json_body(await completion.complete())
+        except ApiError as e:
+            access["error"] = e.code
+            access["outcome"] = f"error {e.status}"
+            return e.status, e.headers, e.body()
+
+    return WatchedResponse(answer(), media_type="application/json", headers=headers, abandon=completion.close)
 
 
 @router.websocket("/v1/audio/speech/stream")

@@ -37,6 +37,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from client.speech_api.chat_request import refuse_chat_pipeline
 from client.speech_api.encoders import make_encoder
 from client.speech_api.encoders.base import pcm16
 from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
@@ -450,6 +451,7 @@ class SpeechStreamSession:
             if not self.shim.pool.any_healthy():
                 raise no_backend("No Triton server is reachable", 2.0)
             raise model_not_found(model, self.shim.catalog.model_names())
+        refuse_chat_pipeline(self.shim.catalog.get(pipeline))
         return pipeline
 
 

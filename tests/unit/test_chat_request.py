@@ -1,0 +1,162 @@
+"""`POST /v1/chat/completions` bodies: what each OpenAI field becomes for a chat pipeline's entry
+model (TEXT and PARAMS), and the 400s naming the field (client/speech_api/chat_request.py)."""
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from client.speech_api.catalog import describe_pipeline
+from client.speech_api.chat_completion import sized_wav
+from client.speech_api.chat_request import (AudioTranscripts, ChatTritonRequest, build_chat_params, chat_error,
+                                            parse_chat_body, refuse_chat_pipeline)
+from client.speech_api.encoders.wav import WavEncoder
+from client.speech_api.errors import ApiError, from_triton
+
+# A catalog shaped like a chat pipeline's adapter describe() (the chat entry-model contract).
+CATALOG = json.dumps({
+    "chat": True, "description": "a chat pipeline", "sample_rate": 24000, "voices": ["ethan", "chelsie"],
+    "params": [
+        {"name": "messages", "type": "list"},
+        {"name": "system", "type": "str"},
+        {"name": "speaker", "type": "str", "default": "ethan"},
+        {"name": "return_audio", "type": "bool", "default": True},
+        {"name": "max_tokens", "type": "int", "lo": 1, "hi": 4096, "default": 512},
+        {"name": "do_sample", "type": "bool", "default": True},
+        {"name": "temperature", "type": "float", "lo": 0.01, "hi": 2.0, "default": 0.7},
+        {"name": "top_p", "type": "float", "lo": 0.0, "hi": 1.0},
+        {"name": "top_k", "type": "int", "lo": 0, "hi": 1000},
+        {"name": "seed", "type": "int", "lo": 0, "hi": 2**63 - 1},
+        {"name": "talker_temperature", "type": "float", "lo": 0.01, "hi": 2.0},
+    ]})
+INFO = describe_pipeline("chatty", CATALOG)
+USER = {"role": "user", "content": "Hi there."}
+
+
+def build(**body):
+    req = parse_chat_body({"model": "chatty", "messages": [USER], **body})
+    return req, build_chat_params(req, INFO)
+
+
+def error_of(call, *args, **kwargs) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        call(*args, **kwargs)
+    assert e.value.status == 400
+    return e.value
+
+
+def test_catalog_marks_chat_pipelines_and_keeps_structured_params():
+    assert INFO.chat and INFO.known and INFO.voices == ["ethan", "chelsie"]
+    assert INFO.accepts("messages") and INFO.voice_field.name == "speaker"
+    assert not describe_pipeline("tts", json.dumps({"params": []})).chat
+    with pytest.raises(ApiError) as e:
+        refuse_chat_pipeline(INFO)
+    assert e.value.param == "model" and "/v1/chat/completions" in e.value.message
+
+
+def test_text_only_request():
+    req, triton = build()
+    assert triton.text == "Hi there." and triton.params == {"return_audio": False}
+    assert not req.audio and not req.stream
+
+
+def test_audio_request_maps_voice_sampling_and_history():
+    messages = [{"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "One"}, {"type": "text", "text": " two"}]},
+                {"role": "assistant", "content": "Three."},
+                {"role": "user", "content": [{"type": "text", "text": "Four?"}]}]
+    req = parse_chat_body({"model": "chatty", "messages": messages, "modalities": ["text", "audio"],
+                           "audio": {"voice": "Chelsie", "format": "pcm16"}, "max_completion_tokens": 64,
+                           "temperature": 0.5, "top_p": 0.9, "seed": 7, "top_k": 20, "talker_temperature": 0.8,
+                           "stream": True, "stream_options": {"include_usage": True}, "n": 1, "user": "u1"})
+    triton = build_chat_params(req, INFO)
+    assert triton.text == "Four?" and req.encoder_format == "pcm" and req.include_usage
+    assert triton.params == {
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "One"}, {"type": "text", "text": " two"}]},
+                     {"role": "assistant", "content": "Three."}],
+        "speaker": "chelsie", "max_tokens": 64, "do_sample": True, "temperature": 0.5, "top_p": 0.9, "seed": 7,
+        "top_k": 20, "talker_temperature": 0.8}
+    assert "One two" in req.prompt_text() and triton.messages_offset == 1
+
+
+def test_temperature_zero_is_greedy_and_stock_voices_mean_the_default():
+    _, triton = build(temperature=0, modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})
+    assert triton.params == {"do_sample": False}
+    assert error_of(build, temperature=0, do_sample=True).param == "do_sample"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"n": 3}, "n"), ({"tools": [{"type": "function"}]}, "tools"), ({"tool_choice": "auto"}, "tool_choice"),
+    ({"logprobs": True}, "logprobs"), ({"stop": "x"}, "stop"), ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"), ({"store": True}, "store"),
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"modalities": ["audio"]}, "modalities"), ({"modalities": ["text", "video"]}, "modalities"),
+    ({"modalities": ["text", "audio"]}, "audio"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "ethan"}}, "audio.format"),
+    ({"modalities": ["text", "audio"], "audio": {"format": "wav"}}, "audio.voice"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "ogg"}}, "audio.format"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "zed", "format": "wav"}}, "audio.voice"),
+    ({"audio": {"voice": "ethan", "format": "wav"}}, "audio"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"max_tokens": 0}, "max_tokens"), ({"max_completion_tokens": 5000}, "max_completion_tokens"),
+    ({"max_tokens": 5, "max_completion_tokens": 6}, "max_tokens"),
+    ({"temperature": "hot"}, "temperature"), ({"temperature": 0.001}, "temperature"),
+    ({"top_p": 1.5}, "top_p"), ({"seed": -1}, "seed"), ({"seed": 1.5}, "seed"),
+    ({"top_k": 5000}, "top_k"), ({"speaker": "ethan"}, "speaker"), ({"return_audio": True}, "return_audio"),
+    ({"system": "x"}, "system"), ({"unheard_of": 1}, "unheard_of"),
+    ({"model": ""}, "model"), ({"messages": []}, "messages"), ({"messages": None}, "messages"),
+    ({"messages": [{"role": "assistant", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [USER, {"role": "system", "content": "x"}, USER]}, "messages[1].role"),
+    ({"messages": [{"role": "user", "content": "  "}]}, "messages[0].content"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": "x\ud800"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": "x", "tool_call_id": "1"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "assistant", "audio": {"id": "audio_gone"}}, USER]}, "messages[0].audio.id"),
+])
+def test_bad_fields_name_themselves(body, param):
+    assert error_of(build, **body).param == param
+
+
+def test_unknown_key_that_is_no_name_is_not_echoed():
+    assert error_of(parse_chat_body, {"model": "m", "messages": [USER], "a b": 1}).param is None
+
+
+def test_an_earlier_audio_answer_by_id_brings_its_transcript():
+    transcripts = AudioTranscripts()
+    expires = transcripts.remember("audio_1", "I said this.")
+    assert expires > 0
+    req = parse_chat_body({"model": "chatty", "messages": [USER, {"role": "assistant", "audio": {"id": "audio_1"}},
+                                                           {"role": "user", "content": "And?"}]}, transcripts)
+    assert req.history[1] == {"role": "assistant", "content": "I said this."}
+    expired = AudioTranscripts(ttl_s=-1)
+    expired.remember("audio_2", "gone")
+    assert expired.get("audio_2") is None
+
+
+def test_triton_errors_name_the_request_field():
+    _, triton = build(messages=[{"role": "system", "content": "S"}, USER, {"role": "assistant", "content": "A"},
+                                {"role": "user", "content": "Q"}], max_tokens=9)
+    assert isinstance(triton, ChatTritonRequest)
+    cases = {"invalid_request: text: too long": "messages[3].content",
+             "invalid_request: messages[1].content: the template refused it": "messages[2].content",
+             "invalid_request: max_tokens: too many": "max_tokens",
+             "invalid_request: talker_top_k: no": "talker_top_k"}
+    for message, param in cases.items():
+        error = chat_error(from_triton(message), triton)
+        assert error.param == param and error.message.startswith(param + ":"), (message, error.message)
+    busy = chat_error(from_triton("unavailable: busy: full"), triton)
+    assert busy.status == 429
+
+
+def test_sized_wav_fills_in_the_streaming_header():
+    enc = WavEncoder(24000)
+    import numpy as np
+    data = enc.encode(np.zeros(100, np.float32)) + enc.finish()
+    whole = sized_wav(data)
+    assert struct.unpack_from("<I", whole, 4)[0] == len(data) - 8
+    assert struct.unpack_from("<I", whole, 40)[0] == 200
+    assert sized_wav(b"not a wav") == b"not a wav"
