@@ -21,6 +21,7 @@ BUILTIN_FAMILIES = (
     "omni_backend.models.hibari.family",
     "omni_backend.models.qwen3_tts.family",
     "omni_backend.models.orpheus.family",
+    "omni_backend.models.qwen3_omni.family",
 )
 
 _PIPELINES: dict[str, PipelineConfig] = {}

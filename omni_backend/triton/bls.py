@@ -76,8 +76,18 @@ def cancel_stage_request(model_name: str, request_id: str) -> None:
 def append_stage_text(model_name: str, request_id: str, text: str, end: bool) -> None:
     """Give the stream with this request id more text (`end`: its input is complete); blocking,
     raises StageFailed with the stage's error."""
+    _append(model_name, request_id, {"text": text, "end": end}, [])
+
+
+def append_stage_inputs(model_name: str, request_id: str, tensors: list, end: bool) -> None:
+    """Give the stream with this request id more of its declared input tensors (a source stage's
+    next chunk; `end`: the source ended); blocking, raises StageFailed with the stage's error."""
+    _append(model_name, request_id, {"end": end}, tensors)
+
+
+def _append(model_name: str, request_id: str, fields: dict, tensors: list) -> None:
     inputs = [bytes_tensor("REQUEST_ID", request_id), bytes_tensor("CONTROL", "append"),
-              bytes_tensor("REQUEST", json.dumps({"text": text, "end": end}))]
+              bytes_tensor("REQUEST", json.dumps(fields)), *tensors]
     for resp in _start(model_name, inputs, [], f"{request_id}-append"):
         if resp.has_error():
             raise StageFailed(resp.error().message(), model_name)

@@ -5,7 +5,8 @@ the stage's declared tensors (stages fed by other stages: codes, hidden states),
 CONTROL for out-of-band messages: `cancel` ends the stream with that REQUEST_ID (see bls.py for
 why), `ping` answers at once (liveness), `append` gives the stream with that REQUEST_ID more text
 (REQUEST: `{"text": "...", "end": bool}`; a stage that reads text as it arrives implements
-`on_append`, see omni_backend/triton/text_input.py).
+`on_append`, see omni_backend/triton/text_input.py) or, from a transfer, more of its declared
+input tensors (REQUEST: `{"end": bool}` and the tensors; `on_append_inputs`).
 """
 from __future__ import annotations
 
@@ -63,13 +64,19 @@ class StageModel(DecoupledModel):
         target = self.by_request_id.get(rid)
         if command == "append":
             text, end = parse_stage_append(input_bytes(request, "REQUEST"))
+            inputs = self._inputs(request, required=False)
+            if inputs and text:
+                raise InvalidRequest("REQUEST", "an append carries text or input tensors, not both")
             deadline = time.monotonic() + TARGET_WAIT_S
             while target is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
                 target = self.by_request_id.get(rid)
             if target is None or target.cancelled():
                 raise InvalidRequest("REQUEST_ID", f"{self.model_name} has no open stream {rid!r} to append to")
-            await self.on_append(target, text, end)
+            if inputs:
+                await self.on_append_inputs(target, inputs, end)
+            else:
+                await self.on_append(target, text, end)
             return
         if target is not None:
             target.cancel()
@@ -79,6 +86,23 @@ class StageModel(DecoupledModel):
         """More text for a running stream (`end`: its input is complete); raise InvalidRequest to
         refuse it. Stages that read text as it arrives override this."""
         raise InvalidRequest("CONTROL", f"{self.model_name} takes no text while a stream runs")
+
+    async def on_append_inputs(self, ctx: StreamContext, inputs: dict[str, np.ndarray], end: bool) -> None:
+        """More of a running stream's declared input tensors (a transfer streaming a source
+        stage's output in chunks, `StageCall.append`; `end`: the source ended); raise
+        InvalidRequest to refuse them. Stages fed that way override this."""
+        raise InvalidRequest("CONTROL", f"{self.model_name} takes no inputs while a stream runs")
+
+    def _inputs(self, request: "pb_utils.InferenceRequest", required: bool) -> dict[str, np.ndarray]:
+        """The stage's declared input tensors that came with a request."""
+        inputs = {}
+        for spec in self.stage_config.inputs:
+            t = pb_utils.get_input_tensor_by_name(request, spec.name)
+            if t is not None:
+                inputs[spec.name] = t.as_numpy()
+            elif required and not spec.optional:
+                raise InvalidRequest(spec.name, "required input is missing")
+        return inputs
 
     def _request(self, ctx: StreamContext) -> dict[str, Any] | None:
         raw = input_bytes(ctx.request, "REQUEST")
@@ -97,13 +121,7 @@ class StageModel(DecoupledModel):
     async def stream(self, ctx: StreamContext) -> AsyncIterator[list["pb_utils.Tensor"]]:
         rid = (input_bytes(ctx.request, "REQUEST_ID") or b"").decode() or ctx.request_id
         request = self._request(ctx)
-        inputs = {}
-        for spec in self.stage_config.inputs:
-            t = pb_utils.get_input_tensor_by_name(ctx.request, spec.name)
-            if t is not None:
-                inputs[spec.name] = t.as_numpy()
-            elif not spec.optional:
-                raise InvalidRequest(spec.name, "required input is missing")
+        inputs = self._inputs(ctx.request, required=True)
         ctx.stage_request_id = rid
         self.by_request_id[rid] = ctx
         self.metrics.active.set(len(self.by_request_id))

@@ -4,7 +4,8 @@ A fed stage (one with `input_sources`, omni_backend/pipeline.py) names a `Transf
 its model family. For each client request the entry model calls `Transfer.run` with the client's
 normalized request, the source stages' output streams and a `StageCall` for the fed stage; what
 `run` yields is the fed stage's output stream. A transfer may open one stream on a stream stage
-(hidden states handed on in chunks) or make many calls to a batched stage (codec windows); it
+and hand it the source's output chunk by chunk while it runs (`StageCall.append`: tokens or
+hidden states), or make many calls to a batched stage (codec windows); it
 awaits through `StageCall.wait` so a client that leaves stops it at once.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.deploy import DeployConfig
 from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
-from omni_backend.triton.bls import StageStream, call_stage, ping_stage
+from omni_backend.triton.bls import StageStream, append_stage_inputs, call_stage, ping_stage
 from omni_backend.triton.decoupled import StreamContext, bytes_tensor
 
 if TYPE_CHECKING:
@@ -64,6 +65,13 @@ class StageCall:
                              [t.name for t in self.stage.outputs], self.entry.liveness)
         self.ctx.resources.append(stream)
         return stream
+
+    async def append(self, stream: StageStream, tensors: dict[str, Any], end: bool = False) -> None:
+        """More input tensors for a stream this call opened (the source's next chunk; `end`: the
+        source ended). Await each append before the next: they arrive in order."""
+        inputs = self._inputs(tensors)
+        await self.wait(stream.opened())
+        await self.wait(self.entry.run_blocking(append_stage_inputs, self.model_name, stream.request_id, inputs, end))
 
     async def call(self, tensors: dict[str, Any]) -> Outputs:
         """One request to a batched stage, one answer."""

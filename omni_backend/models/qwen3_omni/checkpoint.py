@@ -27,7 +27,7 @@ from .prompt import ChatTemplate, PromptBuilder
 from .talker import Talker
 from .thinker import Thinker
 
-__all__ = ["Qwen3OmniCheckpoint", "load_checkpoint", "PARTS"]
+__all__ = ["Qwen3OmniCheckpoint", "load_checkpoint", "load_thinker_embedding", "ThinkerEmbedding", "PARTS"]
 
 PARTS = ("thinker", "talker", "code2wav")
 # thinker tensors text-only input never reads
@@ -140,3 +140,26 @@ def load_checkpoint(checkpoint_dir: str, dtype: torch.dtype | str = torch.float3
         code2wav.code_offset = torch.arange(c.num_quantizers, device=device).view(1, -1, 1) * c.codebook_size
         checkpoint.code2wav = code2wav
     return checkpoint
+
+
+class ThinkerEmbedding(nn.Module):
+    """The thinker's token embedding table alone (``thinker.model.embed_tokens``): all the talker
+    reads of the thinker for text, without the thinker's weights."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding.from_pretrained(weight, freeze=True)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)
+
+
+def load_thinker_embedding(checkpoint_dir: str, dtype: torch.dtype | str = torch.float32,
+                           device: torch.device | str = "cpu") -> ThinkerEmbedding:
+    config = load_config(checkpoint_dir)
+    state = _read(_weight_map(checkpoint_dir), "thinker.model.embed_tokens.")
+    weight = state.get("weight")
+    expected = (config.thinker.vocab_size, config.thinker.hidden_size)
+    if weight is None or tuple(weight.shape) != expected:
+        raise ValueError(f"{checkpoint_dir}: thinker.model.embed_tokens.weight missing or not {expected}")
+    return ThinkerEmbedding(weight.to(device=device, dtype=parse_dtype(dtype))).eval()

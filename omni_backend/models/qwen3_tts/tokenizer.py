@@ -152,6 +152,10 @@ class QwenTextTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text).ids
 
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Ids -> text; an incomplete UTF-8 sequence at the end shows as U+FFFD."""
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
     def encode_words(self, text: str) -> list[tuple[int, list[int]]]:
         """``encode(text)`` grouped by pre-tokenizer word (BPE never merges across words; an
         added token is a word of its own): ``(start character in text, the word's ids)`` each."""

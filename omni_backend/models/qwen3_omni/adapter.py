@@ -1,0 +1,115 @@
+"""Request fields of Qwen3-Omni (thinker -> talker -> code2wav): a chat turn in, text and speech out.
+
+TEXT is the user's new message. PARAMS ``messages`` (optional) is the conversation before it,
+OpenAI-style ``{"role": "system" | "user" | "assistant", "content": str or [{"type": "text",
+"text": ...}]}`` (a system message only first); ``system`` is a system prompt (not together with a
+system message). The thinker answers; ``return_audio: false`` skips the talker and code2wav (a
+text-only stream). Sampling: the thinker's (``max_tokens``, ``do_sample``, ``temperature`` (0 =
+greedy), ``top_k``, ``top_p``, ``repetition_penalty``, ``seed``) and the talker's (``talker_*``;
+the code predictor follows the talker's ``do_sample`` as in the reference).
+
+Validation renders the checkpoint's chat template over the messages, so a bad role or content is
+rejected by the entry model, naming the field, before any stage is touched.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter, decode_params
+from omni_backend.errors import InvalidRequest
+
+DEFAULT_SPEAKER = "ethan"
+MAX_MESSAGES_BYTES = 1024 * 1024
+TALKER_STAGES = frozenset({1})   # skipping the talker skips code2wav too (PipelineConfig.stages_run)
+
+
+class Qwen3OmniAdapter(TTSAdapter):
+    max_params_bytes = MAX_MESSAGES_BYTES + MAX_PARAMS_BYTES
+    params = (
+        Param("system", str, max_len=16384, help="system prompt"),
+        Param("speaker", str, max_len=64, help="the talker's voice (case-insensitive)"),
+        Param("return_audio", bool, default=True, help="false: the text answer only (no talker, no code2wav)"),
+        Param("max_tokens", int, lo=1, hi=32768, help="the thinker's answer limit, in tokens"),
+        Param("do_sample", bool, help="thinker: sample (default: the deploy's, else greedy)"),
+        Param("temperature", float, lo=0.0, hi=5.0, help="thinker; 0 = greedy"),
+        Param("top_k", int, lo=0, hi=1000000),
+        Param("top_p", float, lo=1e-3, hi=1.0),
+        Param("repetition_penalty", float, lo=1.0, hi=5.0),
+        Param("seed", int, lo=0, hi=2**63 - 1, help="sampling seed of both models; unset = random"),
+        Param("talker_do_sample", bool, help="talker and code predictor: sample (reference default true)"),
+        Param("talker_temperature", float, lo=1e-3, hi=5.0),
+        Param("talker_top_k", int, lo=0, hi=100000),
+        Param("talker_top_p", float, lo=1e-3, hi=1.0),
+        Param("talker_repetition_penalty", float, lo=1.0, hi=5.0),
+        Param("talker_max_new_tokens", int, lo=1, hi=32768, help="codec frame limit + 1 (12.5 frames per second)"),
+        Param("initial_chunk_frames", int, lo=1, hi=300, help="frames in the first audio chunk"),
+        Param("chunk_frames", int, lo=1, hi=300, help="frames per later chunk"),
+    )
+
+    def __init__(self, context: dict[str, Any] | None = None):
+        super().__init__(context)
+        self.builder = self.context.get("prompt_builder")
+
+    @classmethod
+    def from_model(cls, model_path: str | None) -> "Qwen3OmniAdapter":
+        from omni_backend.models.qwen3_omni.builtin import resolve_checkpoint
+        from omni_backend.models.qwen3_omni.checkpoint import load_checkpoint
+
+        if not model_path:
+            raise ValueError("qwen3_omni needs a checkpoint folder (--model PATH)")
+        path = resolve_checkpoint(model_path)
+        checkpoint = load_checkpoint(path, parts=())   # config, tokenizer and chat template only
+        return cls({"prompt_builder": checkpoint.prompt_builder(), "model_path": path})
+
+    @property
+    def speakers(self) -> list[str]:
+        return list(self.builder.config.talker.speakers)
+
+    def default_speaker(self) -> str:
+        return DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else self.speakers[0]
+
+    def describe(self) -> dict[str, Any]:
+        params = [p.to_dict() for p in self.params]
+        for d in params:   # the checkpoint's speakers are the voices
+            if d["name"] == "speaker":
+                d.update(choices=self.speakers, default=self.default_speaker())
+        params.append({"name": "messages", "type": "list", "help": "the conversation before TEXT"})
+        # `chat`: TEXT is a user turn answered by the model (PARAMS `messages`: the turns before it)
+        return {"params": params, "voices": self.speakers, "default_voice": self.default_speaker(), "clones_voices": False,
+                "chat": True}
+
+    def validate(self, text: bytes | str, params: bytes | str | dict | None) -> dict[str, Any]:
+        raw = params if isinstance(params, dict) else decode_params(params, self.max_params_bytes)
+        raw = dict(raw)
+        history = raw.pop("messages", None)
+        request = super().validate(text, raw)
+        if history is not None and not isinstance(history, list):
+            raise InvalidRequest("messages", "must be a list of {role, content} (the conversation before TEXT)")
+        messages = list(history or [])
+        if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system" \
+                and request.get("system") is not None:
+            raise InvalidRequest("system", "given twice: as the system parameter and as a system message")
+        messages.append({"role": "user", "content": request["text"]})
+        # Renders and tokenizes the real prompt: raises InvalidRequest naming messages[i].role / .content.
+        self.builder.build(messages=messages, system=request.get("system"))
+        request["messages"] = messages
+        return request
+
+    def check(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
+        speaker = (params.get("speaker") or self.default_speaker()).strip().lower()
+        if speaker not in self.speakers:
+            raise InvalidRequest("speaker", f"unknown speaker {speaker!r}; known: {', '.join(self.speakers)}")
+        params["speaker"] = speaker
+        if params.get("temperature") == 0.0:   # OpenAI's greedy
+            if params.get("do_sample"):
+                raise InvalidRequest("temperature", "0 means greedy, but do_sample is true")
+            params["do_sample"], params["temperature"] = False, None
+        if not params["return_audio"]:
+            audio_only = [p.name for p in self.params if p.name.startswith("talker_") or p.name.endswith("chunk_frames")]
+            given = [name for name in audio_only if params.get(name) is not None]
+            if given:
+                raise InvalidRequest(given[0], "applies to the audio, which return_audio: false does not make")
+        return params
+
+    def skipped_stages(self, request: dict[str, Any]) -> frozenset[int]:
+        return frozenset() if request["return_audio"] else TALKER_STAGES

@@ -1,0 +1,104 @@
+"""Qwen3-Omni's thinker on the AR engine: a plain causal LM, a frame is one token.
+
+Each sequence runs in the reference's shapes, one at a time (the prompt as one forward, then one
+token per forward over its own cache), so a served greedy answer equals the reference's
+``generate`` bit for bit and never depends on what it is batched with: the MoE routing groups
+tokens by expert, so a batched forward would change the matmul shapes of every expert. Tokens
+are chosen by :class:`~.generate.Sampling`, the reference's processor order, with the repetition
+penalty over prompt and answer ids (transformers' rule).
+
+The engine's stop rules apply as for any LM (eos is not a frame; ``max_new_tokens`` frames at
+most); the stage turns each frame into the token the talker reads and a text delta.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from omni_backend.engine import AREngine, ModelRunner, SamplingParams, Sequence, StepOutput
+
+from .checkpoint import Qwen3OmniCheckpoint
+from .generate import Sampling
+from .layers import KVCache, text_positions
+from .thinker import Thinker
+
+__all__ = ["ThinkerRunner", "create_thinker_engine", "PREFILL_LOGITS_ROWS"]
+
+# The prefill's LM head runs over the last rows only (a long prompt's [L, vocab] logits are large);
+# 4 is a common matmul shape, so the last row's bits are those of the reference's all-rows head.
+PREFILL_LOGITS_ROWS = 4
+
+
+@dataclass
+class _State:
+    cache: KVCache
+    ids: torch.Tensor      # [1, prompt + answer]: what the repetition penalty covers
+    sampling: Sampling
+
+
+class ThinkerRunner(ModelRunner):
+    def __init__(self, thinker: Thinker, eos_token_ids: frozenset[int], max_num_seqs: int, max_model_len: int) -> None:
+        self.thinker = thinker
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.vocab_size = thinker.config.vocab_size
+        self.device = thinker.lm_head.weight.device
+
+    def check(self, prompt: Any, params: SamplingParams) -> None:
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
+            raise ValueError("the prompt must be a non-empty list of token ids")
+        if max(prompt) >= self.vocab_size or min(prompt) < 0:
+            raise ValueError("the prompt holds ids outside the vocabulary")
+
+    def prompt_length(self, prompt: list[int]) -> int:
+        return len(prompt)
+
+    def _choose(self, seq: Sequence, logits: torch.Tensor) -> int:
+        st: _State = seq.state
+        sampling = st.sampling
+        if seq.ban_eos:   # min_new_tokens
+            sampling = Sampling(sampling.do_sample, sampling.temperature, sampling.top_k, sampling.top_p,
+                                sampling.repetition_penalty, tuple(sorted(self.eos_token_ids)))
+        token = sampling.choose(logits[:, -1].to(torch.float32), st.ids, seq.generator)
+        st.ids = torch.cat((st.ids, token.view(1, 1)), dim=1)
+        return int(token)
+
+    def prefill(self, seq: Sequence) -> int:
+        p = seq.params
+        ids = torch.tensor([seq.prompt], dtype=torch.long, device=self.device)
+        seq.state = _State(self.thinker.new_cache(), ids,
+                           Sampling(p.do_sample, p.temperature, p.top_k, p.top_p, p.repetition_penalty))
+        out = self.thinker(ids, seq.state.cache, logits_rows=min(len(seq.prompt), PREFILL_LOGITS_ROWS))
+        return self._choose(seq, out.logits)
+
+    def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
+        outputs = []
+        for seq in seqs:
+            st: _State = seq.state
+            last = int(st.ids[0, -1])
+            token: Optional[int] = None
+            if seq.sample_next:
+                position = text_positions(st.cache.length, 1, self.device)
+                out = self.thinker(st.ids[:, -1:], st.cache, position)
+                token = self._choose(seq, out.logits)
+            outputs.append(StepOutput(seq, [last], token))
+        return outputs
+
+
+def create_thinker_engine(checkpoint: Qwen3OmniCheckpoint, max_num_seqs: int = 8, max_model_len: int = 4096,
+                          eos_token_ids: Optional[frozenset[int]] = None, max_prefills_per_step: int = 1,
+                          num_threads: Optional[int] = None,
+                          default_params: Optional[SamplingParams] = None) -> AREngine:
+    """An engine over a loaded checkpoint's thinker; eos defaults to ``<|im_end|>`` (the
+    reference's answer end). The default sampling is greedy without a repetition penalty."""
+    if num_threads is not None:
+        torch.set_num_threads(int(num_threads))
+    eos = eos_token_ids if eos_token_ids is not None else frozenset({checkpoint.config.im_end_token_id})
+    runner = ThinkerRunner(checkpoint.thinker, eos, max_num_seqs, max_model_len)
+    params = default_params or SamplingParams(do_sample=False, repetition_penalty=1.0, top_k=0, top_p=1.0,
+                                              temperature=1.0, max_new_tokens=1024, min_new_tokens=0)
+    return AREngine(runner, max_prefills_per_step=max_prefills_per_step, num_threads=num_threads,
+                    default_params=params)

@@ -1,0 +1,96 @@
+"""Stage 0 of Qwen3-Omni: the thinker on the continuous-batching AR engine.
+
+The first response carries the prompt's ids (PROMPT_IDS: the talker builds its input from them);
+then each engine frame (one token) gives TOKEN_IDS and the text it completes (TEXT_DELTA; held back
+while a character is incomplete). The last response carries FINISH_REASON (``stop`` at
+``<|im_end|>``, ``length`` at ``max_tokens``); on ``stop`` its TOKEN_IDS end with ``<|im_end|>``:
+the talker reads every answer token but the last, as the reference does.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, AsyncIterator
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_backend.engine import AsyncEngine, SamplingParams
+from omni_backend.errors import PipelineError
+from omni_backend.triton.decoupled import StreamContext, bytes_tensor
+from omni_backend.triton.stage import StageModel
+
+# request field -> engine parameter
+SAMPLING_FIELDS = {"max_tokens": "max_new_tokens", "do_sample": "do_sample", "temperature": "temperature",
+                   "top_k": "top_k", "top_p": "top_p", "repetition_penalty": "repetition_penalty", "seed": "seed"}
+# the engine's defaults when the deploy names none: greedy, no penalty
+THINKER_DEFAULTS = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0,
+                                  max_new_tokens=1024, min_new_tokens=0)
+
+
+def _ids(name: str, ids: list[int]) -> "pb_utils.Tensor":
+    return pb_utils.Tensor(name, np.asarray(ids, dtype=np.int64))
+
+
+class ThinkerStage(StageModel):
+    def load(self) -> None:
+        import torch
+
+        from .builtin import resolve_checkpoint
+        from .checkpoint import load_checkpoint
+        from .thinker_runner import create_thinker_engine
+
+        sd = self.stage_deploy
+        torch.set_num_threads(sd.threads)
+        checkpoint = load_checkpoint(resolve_checkpoint(self.model_path), dtype=sd.dtype, device=sd.device,
+                                     parts=("thinker",))
+        self.builder = checkpoint.prompt_builder()
+        self.tokenizer = checkpoint.tokenizer
+        self.eos_id = checkpoint.config.im_end_token_id
+        self.default_params = dataclasses.replace(THINKER_DEFAULTS, **sd.default_sampling_params).validate()
+        self.engine = AsyncEngine(create_thinker_engine(
+            checkpoint, max_num_seqs=sd.max_num_seqs, max_model_len=sd.max_model_len, num_threads=sd.threads,
+            max_prefills_per_step=sd.max_prefills_per_step, default_params=self.default_params))
+
+    def sampling_params(self, request: dict[str, Any]) -> SamplingParams:
+        given = {param: request[field] for field, param in SAMPLING_FIELDS.items() if request.get(field) is not None}
+        return dataclasses.replace(self.default_params, **given).validate()
+
+    async def generate(self, ctx: StreamContext, request: dict[str, Any],
+                       inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        from .text_deltas import TextDeltas
+
+        rid = ctx.stage_request_id
+        prompt = self.builder.build(messages=request["messages"], system=request.get("system"))
+        stream = self.engine.add_request(rid, prompt, self.sampling_params(request))
+        ctx.resources.append(stream)
+        yield [_ids("PROMPT_IDS", prompt)]
+        text = TextDeltas(self.tokenizer)
+        iterator = stream.__aiter__()
+        while True:
+            try:
+                event = await self.wait(ctx, iterator.__anext__())
+            except StopAsyncIteration:
+                return
+            if event.finish_reason == "error":
+                raise PipelineError(f"engine: {event.error}")
+            if event.finish_reason == "cancelled":
+                return
+            ids = list(event.codes or [])
+            if event.finish_reason == "stop":
+                ids.append(self.eos_id)
+            tensors = [_ids("TOKEN_IDS", ids)] if ids else []
+            delta = text.add(ids, last=event.finished)
+            if delta:
+                tensors.append(bytes_tensor("TEXT_DELTA", delta))
+            if event.finished:
+                tensors.append(bytes_tensor("FINISH_REASON", event.finish_reason or "stop"))
+            if tensors:
+                yield tensors
+            if event.finished:
+                return
+
+    def on_cancel(self, ctx: StreamContext) -> None:
+        self.engine.cancel(ctx.stage_request_id)
+
+    def release_resources(self) -> None:
+        self.engine.close(timeout=2.0)
