@@ -193,6 +193,15 @@ class Code2Wav(nn.Module):
             raise ValueError(f"left_context {left_context} must be below the window's {codes.shape[-1]} frames")
         return self(codes)[:, 0, left_context * self.hop_length:]
 
+    def decode_lookahead_window(self, codes: torch.Tensor, left_context: int, lookahead: int) -> torch.Tensor:
+        """A streamed window (omni_backend/models/qwen3_omni/codec_windows.py): ``codes``
+        ``[B, G, left_context + new + lookahead]`` -> the new frames' audio, ``new * hop_length``
+        samples, or without lookahead the decode's whole tail (``trim`` samples short)."""
+        audio = self.decode_window(codes, left_context)
+        if lookahead:
+            audio = audio[:, :(codes.shape[-1] - left_context - lookahead) * self.hop_length]
+        return audio
+
     def chunked_decode(self, codes: torch.Tensor, chunk_size: int = REFERENCE_CHUNK_FRAMES,
                        left_context_size: int = REFERENCE_LEFT_CONTEXT_FRAMES) -> torch.Tensor:
         """The reference's whole-utterance decode: ``codes`` ``[B, G, T]`` -> ``[B, samples]``,

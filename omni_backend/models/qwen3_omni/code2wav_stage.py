@@ -42,10 +42,8 @@ class Code2WavStage(BatchedStage):
 
     def _decode(self, codes: np.ndarray, left: int, right: int) -> np.ndarray:
         with torch.inference_mode():
-            audio = self.decoder.decode_window(torch.from_numpy(codes.astype(np.int64)), left)
-        if right:
-            audio = audio[..., :(codes.shape[-1] - left - right) * self.decoder.hop_length]
-        return audio.float().cpu().numpy().reshape(codes.shape[0], -1)
+            audio = self.decoder.decode_lookahead_window(torch.from_numpy(codes.astype(np.int64)), left, right)
+        return audio.float().cpu().numpy()
 
     def run_batch(self, batch: list[Inputs]) -> list[dict[str, np.ndarray]]:
         _, left, right = self.batch_key(batch[0])

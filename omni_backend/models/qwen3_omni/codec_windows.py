@@ -23,31 +23,9 @@ import numpy as np
 from omni_backend.triton.codec_windows import CodecWindows
 from omni_backend.triton.transfer import Outputs, SourceReader, StageCall
 
-from .code2wav import REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES
+from .window_plan import plan_window
 
-__all__ = ["ReferenceChunkWindows", "plan_window"]
-
-
-def plan_window(emitted: int, available: int, finished: bool, first_chunk: int, chunk: int,
-                max_context: int) -> tuple[int, int, int] | None:
-    """The next window ``(start frame, end of new frames, lookahead frames)`` once ``available``
-    frames exist and the audio of the first ``emitted`` was produced; None while it cannot be cut
-    yet (or nothing is left)."""
-    segment_start = emitted - emitted % REFERENCE_CHUNK_FRAMES
-    segment_end = segment_start + REFERENCE_CHUNK_FRAMES
-    end = min(emitted + (first_chunk if emitted == 0 else chunk), segment_end)
-    if finished:
-        end = min(end, available)
-        if end <= emitted:
-            return None
-    # a window that ends its segment or the answer has no lookahead; any other needs one more frame
-    closes = end == segment_end or (finished and end == available)
-    lookahead = 0 if closes else 1
-    if end + lookahead > available:
-        return None
-    context_start = max(0, segment_start - REFERENCE_LEFT_CONTEXT_FRAMES) if segment_start else 0
-    start = max(context_start, emitted - max_context)
-    return start, end, lookahead
+__all__ = ["ReferenceChunkWindows"]
 
 
 class ReferenceChunkWindows(CodecWindows):
