@@ -1,0 +1,230 @@
+"""Qwen3-Omni served through a real tritonserver: thinker -> talker -> code2wav, streamed.
+
+One server holds two builds of the pipeline: `qwen3_omni` on the parity checkpoint (shape
+"tiny" of tests/qwen3_omni_fixtures.py; its windows reach back to the reference's segment start)
+and `qwen3_omni_tiny_random` on a checkpoint whose thinker writes 160 tokens (its answer takes
+long enough to watch the audio start while it writes).
+
+* parity: every parity job, served greedy, gives the reference's answer text and its waveform
+  within 1e-4, alone and with all jobs at once (each equal to its solo run bit for bit);
+* streaming: text deltas come before audio, and the first audio leaves before the thinker ends;
+* `return_audio: false` streams the text only; seeded sampling is isolated too;
+* a client that leaves frees all three stages; bad requests get `invalid_request` naming the field.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from client.triton_process import TritonProcess
+from client.triton_stream import TritonStreamError, stream_parts
+from tests.oracle.qwen3_omni_reference import job_messages
+from tests.qwen3_omni_fixtures import (  # noqa: F401  (pytest fixtures)
+    qwen3_omni_checkpoints,
+    qwen3_omni_jobs,
+    qwen3_omni_reference,
+)
+from tests.system.speech_api_helpers import metric, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+PARITY = "qwen3_omni"
+LONG = "qwen3_omni_tiny_random"
+LONG_ANSWER_TOKENS = 160
+WAVEFORM_TOLERANCE = 1e-4
+GREEDY = {"do_sample": False, "talker_do_sample": False}
+
+
+def _deploy(pipeline: str, model: str, left_context: int, base: Path) -> Path:
+    deploy = yaml.safe_load((ROOT / "deploy" / "qwen3_omni_tiny_random.yaml").read_text())
+    deploy["pipeline"] = pipeline
+    deploy["model"] = model
+    deploy["async_chunk"]["left_context_frames"] = left_context
+    deploy["stages"][0]["default_sampling_params"]["max_new_tokens"] = 512
+    path = base / f"{pipeline}.yaml"
+    path.write_text(yaml.safe_dump(deploy))
+    return path
+
+
+@pytest.fixture(scope="module")
+def omni_server(qwen3_omni_reference, tmp_path_factory):
+    from ensemble_builder.build import build
+    from omni_backend.testing.qwen3_omni_random import write_random_checkpoint
+
+    base = tmp_path_factory.mktemp("omni_server")
+    long_checkpoint = write_random_checkpoint(str(base / "long"), "tiny", seed=3,
+                                              thinker_eos_after=LONG_ANSWER_TOKENS, talker_eos_after=None)
+    repo = base / "model_repository"
+    build(PARITY, repo, _deploy(PARITY, str(qwen3_omni_reference["tiny"]["checkpoint"]), 325, base))
+    build(LONG, repo, _deploy(LONG, long_checkpoint, 100, base))
+    server = TritonProcess(repo, log_path=base / "tritonserver.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _job_request(job: dict) -> tuple[str, dict]:
+    """A parity job as a served request: the last user turn is TEXT, the turns before it PARAMS."""
+    messages = job_messages(job)
+    last = messages[-1]["content"]
+    text = last if isinstance(last, str) else "".join(part["text"] for part in last)
+    params = {"do_sample": False, "speaker": job["speaker"], "return_audio": bool(job["return_audio"]),
+              "max_tokens": int(job["thinker_max_new_tokens"])}
+    if messages[:-1]:
+        params["messages"] = messages[:-1]
+    if job["return_audio"]:
+        params.update(talker_do_sample=False, talker_max_new_tokens=int(job["talker_max_new_tokens"]),
+                      talker_repetition_penalty=float(job["talker_repetition_penalty"]))
+    return text, params
+
+
+class Served:
+    """One streamed answer: its text deltas, audio chunks and arrival times."""
+
+    def __init__(self, server, model: str, text: str, params: dict):
+        self.deltas: list[str] = []
+        self.chunks: list[np.ndarray] = []
+        self.finish_reason = None
+        self.order: list[tuple[str, float]] = []   # ("text" | "audio", seconds since the request)
+        t0 = time.perf_counter()
+        for part in stream_parts(server.grpc_url, model, text, params, timeout_s=300):
+            now = time.perf_counter() - t0
+            if part.audio is not None and part.audio.size:
+                self.chunks.append(part.audio)
+                self.order.append(("audio", now))
+            delta = part.outputs.get("TEXT_DELTA")
+            if delta is not None:
+                self.deltas.append(delta.reshape(-1)[0].decode())
+                self.order.append(("text", now))
+            reason = part.outputs.get("FINISH_REASON")
+            if reason is not None:
+                self.finish_reason = reason.reshape(-1)[0].decode()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.deltas)
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen3_omni_reference):
+    from omni_backend.models.qwen3_tts.tokenizer import QwenTextTokenizer
+
+    return QwenTextTokenizer(str(qwen3_omni_reference["tiny"]["checkpoint"]))
+
+
+@pytest.fixture(scope="module")
+def solo(omni_server, qwen3_omni_reference):
+    jobs = qwen3_omni_reference["tiny"]["jobs"]
+    return {job_id: Served(omni_server, PARITY, *_job_request(ref["job"])) for job_id, ref in jobs.items()}
+
+
+def test_served_answers_equal_the_reference(solo, qwen3_omni_reference, tokenizer):
+    for job_id, ref in qwen3_omni_reference["tiny"]["jobs"].items():
+        served = solo[job_id]
+        generated = ref["sequences"].tolist()[len(ref["input_ids"]):]
+        assert served.text == tokenizer.decode(generated), job_id
+        assert served.finish_reason == ("stop" if ref["ended_with_im_end"] else "length"), job_id
+        if not ref["job"]["return_audio"]:
+            assert not served.chunks, job_id
+            continue
+        assert served.audio.shape == ref["waveform"].shape, job_id
+        assert float(np.abs(served.audio - ref["waveform"]).max()) <= WAVEFORM_TOLERANCE, job_id
+
+
+def test_concurrent_answers_equal_their_solo_runs(omni_server, solo, qwen3_omni_reference):
+    jobs = qwen3_omni_reference["tiny"]["jobs"]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = {job_id: pool.submit(Served, omni_server, PARITY, *_job_request(ref["job"]))
+                   for job_id, ref in jobs.items()}
+        together = {job_id: f.result() for job_id, f in futures.items()}
+    for job_id, served in together.items():
+        assert served.text == solo[job_id].text, job_id
+        np.testing.assert_array_equal(served.audio, solo[job_id].audio, err_msg=job_id)
+
+
+def test_seeded_answers_are_isolated(omni_server):
+    requests = [("Tell me about the sea.", {"seed": seed, "do_sample": True, "temperature": 0.8, "top_k": 50,
+                                            "talker_max_new_tokens": 40, "max_tokens": 40}) for seed in (1, 2, 3)]
+    alone = [Served(omni_server, LONG, text, params) for text, params in requests]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(lambda r: Served(omni_server, LONG, *r), requests))
+    for a, b in zip(alone, together):
+        assert a.text == b.text
+        np.testing.assert_array_equal(a.audio, b.audio)
+    assert len({a.text for a in alone}) > 1   # the seeds matter
+
+
+def test_audio_starts_while_the_thinker_still_writes(omni_server):
+    served = Served(omni_server, LONG, "Please tell me a long story about the ocean.",
+                    {**GREEDY, "talker_max_new_tokens": 120})
+    kinds = [kind for kind, _ in served.order]
+    first_text = next(t for kind, t in served.order if kind == "text")
+    first_audio = next(t for kind, t in served.order if kind == "audio")
+    last_text = max(t for kind, t in served.order if kind == "text")
+    print(f"first text delta {first_text * 1000:.0f} ms, first audio {first_audio * 1000:.0f} ms, "
+          f"thinker's last delta {last_text * 1000:.0f} ms, {kinds.count('text')} deltas, "
+          f"{kinds.count('audio')} audio chunks")
+    assert kinds[0] == "text"
+    assert first_text < first_audio < last_text
+    assert served.finish_reason == "stop"
+    assert served.audio.size > 0
+
+
+def test_text_only_answer_skips_the_audio_stages(omni_server):
+    with_audio = Served(omni_server, LONG, "What is the capital of France?", {**GREEDY, "talker_max_new_tokens": 10})
+    before = metric(omni_server, "omni_requests_total", pipeline=LONG, outcome="ok")
+    text_only = Served(omni_server, LONG, "What is the capital of France?", {"do_sample": False, "return_audio": False})
+    assert not text_only.chunks and text_only.text == with_audio.text and text_only.finish_reason == "stop"
+    assert metric(omni_server, "omni_requests_total", pipeline=LONG, outcome="ok") == before + 1
+    with pytest.raises(TritonStreamError, match="invalid_request: talker_max_new_tokens"):
+        Served(omni_server, LONG, "Hi", {"return_audio": False, "talker_max_new_tokens": 5})
+
+
+def test_a_client_that_leaves_frees_all_three_stages(omni_server):
+    stop = threading.Event()
+
+    def leave_after_first_audio():
+        for part in stream_parts(omni_server.grpc_url, LONG, "Tell me everything about whales.", GREEDY):
+            if part.audio is not None and part.audio.size:
+                stop.set()
+                return   # closes the gRPC stream: the server cancels the request
+
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(lambda _: leave_after_first_audio(), range(3)))
+    assert stop.is_set()
+    stages = [f"{LONG}__thinker", f"{LONG}__talker"]
+
+    def all_free():
+        return (metric(omni_server, "omni_active_streams", pipeline=LONG) == 0
+                and all(metric(omni_server, "omni_stage_active_requests", model=m) == 0 for m in stages))
+    assert wait_for(all_free, 5.0)
+    after = Served(omni_server, LONG, "Hello again.", {**GREEDY, "talker_max_new_tokens": 10})
+    assert after.text and after.audio.size
+
+
+@pytest.mark.parametrize("text,params,field", [
+    ("Hi", {"speaker": "nobody"}, "speaker"),
+    ("Hi", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ("Hi", {"messages": "not a list"}, "messages"),
+    ("Hi", {"messages": [{"role": "user", "content": [{"type": "image", "image": "x"}]}]}, "messages[0].content[0]"),
+    ("Hi", {"system": "a", "messages": [{"role": "system", "content": "b"}]}, "system"),
+    ("Hi", {"temperature": 0, "do_sample": True}, "temperature"),
+    ("Hi", {"max_tokens": 0}, "max_tokens"),
+    ("Hi", {"talker_top_p": 2.0}, "talker_top_p"),
+    ("Hi", {"voice": "ethan"}, "voice"),
+    ("   ", {}, "text"),
+])
+def test_bad_requests_name_the_field(omni_server, text, params, field):
+    with pytest.raises(TritonStreamError, match=f"invalid_request: {field.replace('[', '.').replace(']', '.')}"):
+        Served(omni_server, LONG, text, params)
