@@ -41,6 +41,9 @@ from client.triton_stream import StreamPart, TritonStreamError
 
 log = logging.getLogger("omni.speech_api")
 TEXT_OUTPUT = "TEXT_DELTA"
+# A chat pipeline's last text response may say why the answer ended: "stop" or "length" (max_tokens).
+FINISH_OUTPUT = "FINISH_REASON"
+FINISH_REASONS = ("stop", "length")
 # base64 of n bytes concatenates cleanly only when n is a multiple of 3; pcm16 samples are 2 bytes
 PIECE_BYTES = 6
 
@@ -55,6 +58,23 @@ def sized_wav(data: bytes) -> bytes:
     out = bytearray(data)
     struct.pack_into("<I", out, 4, len(data) - 8)
     struct.pack_into("<I", out, 40, len(data) - 44)
+    return bytes(out)
+
+
+def _text(tensor: np.ndarray) -> str:
+    """A BYTES output tensor's UTF-8 text."""
+    return b"".join(bytes(x) for x in tensor.reshape(-1)).decode("utf-8", errors="replace")
+
+
+def sized_flac(data: bytes, samples: int) -> bytes:
+    """A whole FLAC file from the streaming encoder, with STREAMINFO's total sample count (36 bits
+    from bit 108 of the block) filled in: readers that trust a 0 ("unknown") fail on a file."""
+    if len(data) < 42 or data[:4] != b"fLaC" or data[4] & 0x7F != 0 or not 0 < samples < 2**36:
+        return data
+    out = bytearray(data)
+    at = 8 + 13
+    out[at] = (out[at] & 0xF0) | (samples >> 32)
+    struct.pack_into(">I", out, at + 1, samples & 0xFFFFFFFF)
     return bytes(out)
 
 
@@ -75,6 +95,7 @@ class ChatCompletion:
         self.created = int(time.time())
         self.stream: PoolStream | None = None
         self.transcript: list[str] = []
+        self.finish_reason = "stop"
         self.sample_rate = 0
         self.audio_samples = 0
         self._encoder = None
@@ -133,10 +154,13 @@ class ChatCompletion:
                 assert isinstance(part, StreamPart)
                 delta = part.outputs.get(TEXT_OUTPUT)
                 if delta is not None:
-                    text = b"".join(bytes(x) for x in delta.reshape(-1)).decode("utf-8", errors="replace")
+                    text = _text(delta)
                     if text:
                         self.transcript.append(text)
                         yield "text", text
+                finish = part.outputs.get(FINISH_OUTPUT)
+                if finish is not None and _text(finish) in FINISH_REASONS:
+                    self.finish_reason = _text(finish)
                 if part.audio is not None and self.request.audio:
                     if self._encoder is None:
                         await loop.run_in_executor(None, self._open_encoder, part.sample_rate)
@@ -230,7 +254,7 @@ class ChatCompletion:
         if audio:
             expires_at = self._remember()
             yield self._chunk(audio_delta(expires_at=expires_at))
-        yield self._chunk({}, "stop")
+        yield self._chunk({}, self.finish_reason)
         if self.request.include_usage:
             yield self._chunk(None, usage=self.usage())
         yield b"data: [DONE]\n\n"
@@ -253,13 +277,18 @@ class ChatCompletion:
         text = "".join(self.transcript)
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
         if self.request.audio:
-            data = sized_wav(bytes(audio)) if self.request.audio_format == "wav" else bytes(audio)
+            data = bytes(audio)
+            if self.request.audio_format == "wav":
+                data = sized_wav(data)
+            elif self.request.audio_format == "flac":
+                data = sized_flac(data, self.audio_samples)
             message["content"] = None
             message["audio"] = {"id": self.audio_id, "data": base64.b64encode(data).decode(),
                                 "expires_at": self._remember(), "transcript": text}
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "system_fingerprint": None,
-                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": message, "logprobs": None,
+                             "finish_reason": self.finish_reason}],
                 "usage": self.usage(), "service_tier": "default"}
 
     @staticmethod

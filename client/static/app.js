@@ -1,5 +1,6 @@
 // The speech page: stream POST /v1/audio/speech, play pcm with Web Audio as it arrives, and
-// report time to first audio (click -> first audio bytes) and real-time factor.
+// report time to first audio (click -> first audio bytes) and real-time factor. A model that
+// chats gets a chat box instead (POST /v1/chat/completions: text and pcm16 audio as they stream).
 "use strict";
 
 const PCM_RATE = 24000;
@@ -19,6 +20,7 @@ function setPhase(phase) {
   document.body.dataset.phase = phase;
   $("play").disabled = phase === "streaming" || !state.ready;
   $("stop").disabled = phase !== "streaming";
+  setChatPhase(chat.phase);
 }
 
 function setStatus(text, isError = false) {
@@ -57,11 +59,26 @@ async function loadVoices() {
   }
 }
 
+// Models that chat (POST /v1/chat/completions) rather than read text aloud.
+const chatModels = new Set();
+
+// A chat model shows the chat box instead of the text to read.
+function showMode() {
+  const chatting = chatModels.has($("model").value);
+  state.mode = chatting ? "chat" : "speech";
+  $("chat").hidden = !chatting;
+  for (const id of ["text", "speech-buttons", "format-label", "speed-label"]) $(id).hidden = chatting;
+  setChatPhase(chat.phase);
+}
+
 async function loadModels() {
   try {
     const body = await getJson("/v1/models");
     const models = body.data.map((m) => [m.id, m.id === m.pipeline ? m.id : `${m.id} → ${m.pipeline}`]);
+    chatModels.clear();
+    for (const m of body.data) if (m.chat) chatModels.add(m.id);
     fill($("model"), models, models.length ? models[0][0] : null);
+    showMode();
     await loadVoices();
     state.ready = models.length > 0;
     setStatus(state.ready ? "" : "no model is loaded in Triton", !state.ready);
@@ -316,6 +333,168 @@ function liveStop() {
   if (liveSocket) liveSocket.close();
   liveSocket = null;
 }
+
+// Chat: POST /v1/chat/completions streamed (SSE); the answer's text is shown as it is written and
+// its pcm16 audio played as it is made; the page keeps the conversation and sends it each turn.
+const chat = (state.chat = { phase: "idle", history: [], error: null, answer: "", audioSeconds: 0,
+                             audioChunks: 0, firstTextMs: null, firstAudioMs: null, totalMs: null });
+let chatController = null;
+
+function setChatPhase(phase) {
+  chat.phase = phase;
+  $("chat-send").disabled = phase === "streaming" || !state.ready;
+  $("chat-stop").disabled = phase !== "streaming";
+}
+
+function chatStatus(text, isError = false) {
+  $("chat-status").textContent = text;
+  $("chat-status").className = isError ? "error" : "";
+}
+
+function addTurn(role, text) {
+  const div = document.createElement("div");
+  div.className = `turn ${role}`;
+  div.textContent = text;
+  $("chat-log").append(div);
+  div.scrollIntoView({ block: "end" });
+  return div;
+}
+
+// The SSE events of a streamed body, as parsed JSON (null for [DONE]), as they arrive.
+async function* sseEvents(body) {
+  const reader = body.getReader();
+  const text = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return;
+    buffer += text.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      for (const line of block.split("\n")) {
+        if (!line.startsWith("data: ")) continue;
+        const data = line.slice(6);
+        yield data === "[DONE]" ? null : JSON.parse(data);
+      }
+    }
+  }
+}
+
+function base64Bytes(data) {
+  const raw = atob(data);
+  const bytes = new Uint8Array(raw.length);
+  for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+  return bytes;
+}
+
+async function chatSend() {
+  const content = $("chat-input").value;
+  if (!content.trim() || chat.phase === "streaming") return;
+  chatStop();
+  const speak = $("chat-speak").checked;
+  Object.assign(chat, { error: null, answer: "", audioSeconds: 0, audioChunks: 0, firstTextMs: null,
+                        firstAudioMs: null, totalMs: null });
+  $("chat-input").value = "";
+  addTurn("user", content);
+  const bubble = addTurn("assistant", "…");
+  const messages = [...chat.history, { role: "user", content }];
+  setChatPhase("streaming");
+  chatStatus("answering…");
+  chatController = new AbortController();
+  const t0 = performance.now();
+  let schedule = null;
+  let decode = null;
+  if (speak) {   // created inside the click or key press: browsers only let a user gesture start audio
+    audioContext = new AudioContext({ sampleRate: PCM_RATE });
+    audioContext.resume();
+    schedule = pcmPlayer(audioContext);
+    decode = pcmDecoder();
+  }
+  const request = { model: $("model").value, messages, stream: true };
+  if (speak) Object.assign(request, { modalities: ["text", "audio"], audio: { voice: $("voice").value, format: "pcm16" } });
+  try {
+    const resp = await fetch("/v1/chat/completions", {
+      method: "POST",
+      signal: chatController.signal,
+      headers: { "content-type": "application/json", ...authHeaders() },
+      body: JSON.stringify(request),
+    });
+    if (!resp.ok) {
+      let message = `${resp.status}`;
+      try { message = (await resp.json()).error.message; } catch (e) { /* not JSON */ }
+      throw new Error(`${resp.status}: ${message}`);
+    }
+    let finished = false;
+    for await (const event of sseEvents(resp.body)) {
+      if (event === null) { finished = true; break; }
+      if (event.error) throw new Error(event.error.message);
+      const delta = event.choices && event.choices[0] ? event.choices[0].delta : {};
+      const text = delta.content || (delta.audio && delta.audio.transcript) || "";
+      if (text) {
+        if (chat.firstTextMs === null) chat.firstTextMs = performance.now() - t0;
+        chat.answer += text;
+        bubble.textContent = chat.answer;
+      }
+      if (delta.audio && delta.audio.data && schedule) {
+        if (chat.firstAudioMs === null) chat.firstAudioMs = performance.now() - t0;
+        const samples = decode(base64Bytes(delta.audio.data));
+        schedule(samples);
+        chat.audioSeconds += samples.length / PCM_RATE;
+        chat.audioChunks += 1;
+      }
+    }
+    if (!finished) throw new Error("the answer was cut off");
+    chat.totalMs = performance.now() - t0;
+    chat.history = [...messages, { role: "assistant", content: chat.answer }];
+    const timing = chat.firstAudioMs === null ? "" : `, first audio after ${chat.firstAudioMs.toFixed(0)} ms`;
+    chatStatus(`answered in ${chat.totalMs.toFixed(0)} ms: first text after ${chat.firstTextMs === null ? "–" : chat.firstTextMs.toFixed(0)} ms${timing}`
+               + (speak ? `, ${chat.audioSeconds.toFixed(2)} s of audio` : ""));
+    setChatPhase("done");
+  } catch (e) {
+    if (e.name === "AbortError") {
+      chatStatus("stopped");
+      setChatPhase("stopped");
+    } else {
+      chat.error = e.message;
+      bubble.classList.add("error");
+      if (!chat.answer) bubble.textContent = e.message;
+      chatStatus(e.message, true);
+      setChatPhase("error");
+    }
+  } finally {
+    chatController = null;
+  }
+}
+
+// Stop the answer (the hang-up cancels its stream in Triton) and silence what is scheduled.
+function chatStop() {
+  if (chatController) chatController.abort();
+  if (audioContext) {
+    audioContext.close();
+    audioContext = null;
+  }
+}
+
+function chatClear() {
+  chatStop();
+  chat.history = [];
+  $("chat-log").replaceChildren();
+  chatStatus("");
+  setChatPhase("idle");
+}
+
+$("chat-send").addEventListener("click", chatSend);
+$("chat-stop").addEventListener("click", chatStop);
+$("chat-clear").addEventListener("click", chatClear);
+$("chat-input").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    chatSend();
+  }
+});
+$("model").addEventListener("change", showMode);
 
 $("live-start").addEventListener("click", liveStart);
 $("live-done").addEventListener("click", liveDone);

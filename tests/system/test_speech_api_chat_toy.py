@@ -198,3 +198,35 @@ def test_hang_up_frees_the_triton_stream(stack, stream):
     line = wait_for(lambda: [ln for ln in shim.log_text().splitlines() if request_id in ln], 5)
     assert line and "outcome=cancelled" in line[-1], shim.log_tail()
     assert httpx.get(f"{shim.url}/health").json()["tritons"][0]["active_streams"] == 0
+
+
+def test_page_chat_box_streams_text_and_plays_audio(stack, tmp_path):
+    """The web page in headless Chromium: a chat model shows the chat box; a message's answer
+    streams in as text while its pcm16 audio plays, and the turn joins the page's history."""
+    import os
+
+    from tests.system.chromium_cdp import CHROMIUM, Chromium
+    from tests.system.test_speech_api_browser import wait_page
+
+    assert os.path.exists(CHROMIUM), "the page test needs Debian's chromium (apt-get install -y chromium)"
+    browser = Chromium().start()
+    try:
+        browser.navigate(f"{stack[1].url}/")
+        wait_page(browser, "window.omniSpeech && window.omniSpeech.ready && window.omniSpeech.mode === 'chat'", 15)
+        assert browser.evaluate("document.getElementById('chat').hidden") is False
+        assert browser.evaluate("document.getElementById('text').hidden") is True
+        wait_page(browser, "document.getElementById('voice').value === 'plain'", 5)
+        browser.evaluate(f"document.getElementById('chat-input').value = {json.dumps(TEXT)}")
+        browser.click("#chat-send")
+        wait_page(browser, "['done', 'error'].includes(window.omniSpeech.chat.phase)", 30)
+        state = json.loads(browser.evaluate("JSON.stringify(window.omniSpeech.chat)"))
+        browser.screenshot(tmp_path / "chat.png")
+        assert state["phase"] == "done", state["error"]
+        assert state["answer"] == TEXT
+        assert state["history"] == [{"role": "user", "content": TEXT}, {"role": "assistant", "content": TEXT}]
+        assert state["audioSeconds"] == pytest.approx(expected_audio(TEXT, 1.0).size / 8000, abs=0.01)
+        assert state["firstTextMs"] is not None and state["firstAudioMs"] is not None
+        shown = browser.evaluate("[...document.querySelectorAll('#chat-log .turn')].map(t => t.textContent)")
+        assert shown == [TEXT, TEXT]
+    finally:
+        browser.stop()

@@ -160,3 +160,19 @@ def test_sized_wav_fills_in_the_streaming_header():
     assert struct.unpack_from("<I", whole, 4)[0] == len(data) - 8
     assert struct.unpack_from("<I", whole, 40)[0] == 200
     assert sized_wav(b"not a wav") == b"not a wav"
+
+
+def test_sized_flac_fills_in_the_sample_count():
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from client.speech_api.chat_completion import sized_flac
+    from client.speech_api.encoders import make_encoder
+
+    enc = make_encoder("flac", 24000)
+    x = (np.sin(np.arange(30000) / 10) * 0.3).astype(np.float32)
+    data = enc.encode(x[:10000]) + enc.encode(x[10000:]) + enc.finish()
+    y, rate = sf.read(io.BytesIO(sized_flac(data, x.size)), dtype="float32")
+    assert rate == 24000 and y.size == x.size and np.abs(y - x).max() < 1e-4

@@ -1,0 +1,242 @@
+"""`POST /v1/chat/completions` on Qwen3-Omni (tiny random weights: it writes and speaks nonsense)
+behind a real tritonserver and the real speech API, through the official `openai` SDK: the text
+and the audio equal what a direct Triton stream of the same request gives, text-only answers skip
+the audio stages, history and earlier audio answers reach the thinker, bad fields are 400s naming
+them, a hang-up frees the stream, and the page's chat box holds a conversation."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from client.speech_api.process import ShimProcess
+from client.triton_process import TritonProcess
+from client.triton_stream import stream_parts
+from tests.system.speech_api_helpers import ROOT, decode, metric, wait_for
+
+pytestmark = pytest.mark.system
+MODEL = "qwen3_omni_tiny_random"
+QUANTUM = 2.0 / 32767          # s16 encoding (x 32767) decoded as x / 32768
+USER = [{"role": "user", "content": "Hello! Who are you?"}]
+GREEDY = {"temperature": 0, "seed": 5, "max_completion_tokens": 24}
+GREEDY_PARAMS = {"do_sample": False, "seed": 5, "max_tokens": 24}   # what the route sends for GREEDY
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """A tritonserver with the committed Qwen3-Omni tiny random models and hibari (a model that
+    reads aloud), and a speech API in front."""
+    base = tmp_path_factory.mktemp("omni_chat")
+    repo = base / "model_repository"
+    models = [MODEL, f"{MODEL}__thinker", f"{MODEL}__talker", f"{MODEL}__code2wav", "hibari", "hibari__synthesizer"]
+    if not (ROOT / "model_repository" / MODEL).is_dir():
+        pytest.skip(f"{MODEL} is not in the model repository")
+    for model in models:
+        shutil.copytree(ROOT / "model_repository" / model, repo / model, ignore=shutil.ignore_patterns("__pycache__"))
+    server = TritonProcess(repo, log_path=base / "tritonserver.log")
+    server.start()
+    shim = ShimProcess([server.grpc_url], log_path=base / "shim.log")
+    try:
+        shim.start()
+        yield server, shim
+    finally:
+        shim.stop()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    return openai.OpenAI(base_url=f"{stack[1].url}/v1", api_key="not-needed", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def voices(stack):
+    body = httpx.get(f"{stack[1].url}/v1/audio/voices", params={"model": MODEL}).json()
+    assert body["voices"] and body["default"] in body["voices"]
+    return body["voices"]
+
+
+def direct(server, text: str, params: dict) -> tuple[str, np.ndarray, list[str]]:
+    """The same request streamed from Triton itself: its text, its audio, and the order of kinds."""
+    text_out, audio, kinds = [], [], []
+    for part in stream_parts(server.grpc_url, MODEL, text, params):
+        if "TEXT_DELTA" in part.outputs:
+            text_out.append(part.outputs["TEXT_DELTA"].reshape(-1)[0].decode())
+            kinds.append("text")
+        if part.audio is not None:
+            assert part.sample_rate == 24000
+            audio.append(part.audio)
+            kinds.append("audio")
+    return "".join(text_out), (np.concatenate(audio) if audio else np.zeros(0, np.float32)), kinds
+
+
+def test_models_list_the_chat_model(stack):
+    models = {m["id"]: m["chat"] for m in httpx.get(f"{stack[1].url}/v1/models").json()["data"]}
+    assert models[MODEL] is True and models["hibari"] is False
+
+
+def test_streamed_answer_equals_the_triton_stream(stack, client, voices):
+    server, _ = stack
+    voice = voices[-1]
+    text, audio, kinds = direct(server, USER[0]["content"], {**GREEDY_PARAMS, "speaker": voice})
+    assert text and audio.size and kinds[0] == "text"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=USER, modalities=["text", "audio"],
+                                                 audio={"voice": voice.upper(), "format": "wav"}, stream=True,
+                                                 stream_options={"include_usage": True}, **GREEDY))
+    deltas = [c.choices[0].delta.audio for c in chunks if c.choices and c.choices[0].delta.audio]
+    assert "".join(d.transcript for d in deltas if d.transcript) == text
+    wav = b"".join(base64.b64decode(d.data) for d in deltas if d.data)
+    samples, rate = decode(wav, "wav")
+    assert rate == 24000 and samples.size == audio.size
+    np.testing.assert_allclose(samples, audio, atol=QUANTUM)
+    # the random thinker never writes its end token: the answer stops at max_completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].usage.completion_tokens_details.audio_tokens == pytest.approx(audio.size / 24000 * 12.5, abs=1)
+
+
+def test_whole_answer_in_pcm16_equals_the_triton_stream(stack, client):
+    server, _ = stack
+    text, audio, _ = direct(server, USER[0]["content"], GREEDY_PARAMS)   # alloy: the model's default voice
+    answer = client.chat.completions.create(model=MODEL, messages=USER, modalities=["text", "audio"],
+                                            audio={"voice": "alloy", "format": "pcm16"}, **GREEDY)
+    message = answer.choices[0].message
+    assert message.content is None and message.audio.transcript == text
+    assert answer.choices[0].finish_reason == "length"
+    samples = np.frombuffer(base64.b64decode(message.audio.data), "<i2").astype(np.float32) / 32768
+    assert samples.size == audio.size
+    np.testing.assert_allclose(samples, audio, atol=QUANTUM)
+
+    flac = client.chat.completions.create(model=MODEL, messages=USER, modalities=["text", "audio"],
+                                          audio={"voice": "alloy", "format": "flac"}, **GREEDY)
+    decoded, rate = sf.read(io.BytesIO(base64.b64decode(flac.choices[0].message.audio.data)), dtype="float32")
+    assert rate == 24000 and decoded.size == audio.size
+
+
+def test_text_only_answer_has_no_audio(stack, client):
+    server, _ = stack
+    text, audio, _ = direct(server, USER[0]["content"], {**GREEDY_PARAMS, "return_audio": False})
+    assert audio.size == 0
+    answer = client.chat.completions.create(model=MODEL, messages=USER, **GREEDY)
+    assert answer.choices[0].message.content == text and answer.choices[0].message.audio is None
+    chunks = list(client.chat.completions.create(model=MODEL, messages=USER, stream=True, **GREEDY))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert not any(c.choices[0].delta.audio for c in chunks)
+
+
+def test_history_and_an_earlier_audio_answer_reach_the_thinker(stack, client):
+    server, _ = stack
+    first = client.chat.completions.create(model=MODEL, messages=USER, modalities=["text", "audio"],
+                                           audio={"voice": "alloy", "format": "pcm16"}, **GREEDY)
+    said = first.choices[0].message.audio
+    follow_up = {"role": "user", "content": "Say that again."}
+    system = {"role": "system", "content": "You are terse."}
+    text, _, _ = direct(server, follow_up["content"], {**GREEDY_PARAMS, "return_audio": False, "system": system["content"],
+                                                       "messages": [USER[0], {"role": "assistant", "content": said.transcript}]})
+    by_id = client.chat.completions.create(model=MODEL, **GREEDY, messages=[
+        system, *USER, {"role": "assistant", "audio": {"id": said.id}}, follow_up])
+    by_text = client.chat.completions.create(model=MODEL, **GREEDY, messages=[
+        system, *USER, {"role": "assistant", "content": said.transcript}, follow_up])
+    assert by_id.choices[0].message.content == by_text.choices[0].message.content == text
+    alone = client.chat.completions.create(model=MODEL, messages=[follow_up], **GREEDY)
+    assert alone.choices[0].message.content != text
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"modalities": ["text", "audio"], "audio": {"voice": "nobody", "format": "wav"}}, "audio.voice"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "ogg"}}, "audio.format"),
+    ({"top_p": 0}, "top_p"),
+    ({"n": 2}, "n"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"extra_body": {"talker_top_k": 5}}, "talker_top_k"),   # text only: the pipeline refuses audio settings
+    ({"messages": [*USER, {"role": "system", "content": "late"}, *USER]}, "messages[1].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+     "messages[0].content[0].type"),
+    ({"max_tokens": 0}, "max_tokens"),
+])
+def test_bad_fields_are_400s_naming_them(client, extra, param):
+    body = {"model": MODEL, "messages": USER, **extra}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**body)
+    assert e.value.param == param, e.value
+
+
+def test_routes_keep_chat_and_speech_apart(stack, client):
+    shim = stack[1]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="hibari", messages=USER)
+    assert e.value.param == "model" and "/v1/audio/speech" in str(e.value)
+    r = httpx.post(f"{shim.url}/v1/audio/speech", json={"model": MODEL, "input": "Hi.", "voice": "alloy"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    assert "/v1/chat/completions" in r.json()["error"]["message"]
+
+
+def hang_up(server, shim, request_id: str, until: str) -> None:
+    """Stream a long answer, leave once a delta carrying `until` arrived, and check that the
+    stream and both AR stages are freed at once."""
+    # sampled: the random thinker's greedy answer to USER ends after 47 tokens, a sampled one runs on
+    body = {"model": MODEL, "messages": USER, "stream": True, "max_tokens": 4000, "temperature": 1, "seed": 1,
+            "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"},
+            "talker_max_new_tokens": 4000}
+    with httpx.Client(timeout=60, headers={"x-request-id": request_id}) as http:
+        with http.stream("POST", f"{shim.url}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                event = json.loads(line[len("data: "):]) if line.startswith("data: {") else {}
+                if until in ((event.get("choices") or [{}])[0].get("delta") or {}).get("audio", {}):
+                    break
+            assert metric(server, "omni_active_streams", pipeline=MODEL) == 1
+    assert wait_for(lambda: metric(server, "omni_active_streams", pipeline=MODEL) == 0, 5.0)
+    line = wait_for(lambda: [ln for ln in shim.log_text().splitlines() if request_id in ln], 5)
+    assert line and "outcome=cancelled" in line[-1], shim.log_tail()
+    for stage in ("thinker", "talker"):
+        assert wait_for(lambda: metric(server, "omni_stage_active_requests", model=f"{MODEL}__{stage}") == 0, 5.0), stage
+
+
+def test_hang_up_mid_audio_frees_the_stream(stack):
+    hang_up(*stack, "omni-chat-hang-up-audio", until="data")
+
+
+@pytest.mark.xfail(reason="qwen3_omni pipeline: a stream cancelled while the talker waits for its first "
+                          "text leaves the talker's request open (omni_stage_active_requests stays 1; the "
+                          "same over a direct Triton stream)", strict=False)
+def test_hang_up_before_the_audio_frees_the_stream(stack):
+    hang_up(*stack, "omni-chat-hang-up-text", until="transcript")
+
+
+def test_page_chat_box_holds_a_conversation(stack, tmp_path):
+    """Two turns in the page's chat box (headless Chromium): the second is sent with the first
+    as its history, and both answers stream as text and play as audio."""
+    import os
+
+    from tests.system.chromium_cdp import CHROMIUM, Chromium
+    from tests.system.test_speech_api_browser import wait_page
+
+    assert os.path.exists(CHROMIUM), "the page test needs Debian's chromium (apt-get install -y chromium)"
+    browser = Chromium().start()
+    try:
+        browser.navigate(f"{stack[1].url}/")
+        wait_page(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
+        browser.evaluate(f"(() => {{ const m = document.getElementById('model'); m.value = {json.dumps(MODEL)};"
+                         " m.dispatchEvent(new Event('change')); })()")
+        wait_page(browser, "window.omniSpeech.mode === 'chat' && document.getElementById('voice').value", 5)
+        for n, said in enumerate(("Hello there.", "And then?"), 1):
+            browser.evaluate(f"document.getElementById('chat-input').value = {json.dumps(said)}")
+            browser.click("#chat-send")
+            wait_page(browser, f"window.omniSpeech.chat.history.length === {2 * n} || "
+                               "window.omniSpeech.chat.phase === 'error'", 60)
+            state = json.loads(browser.evaluate("JSON.stringify(window.omniSpeech.chat)"))
+            assert state["phase"] == "done", state["error"]
+            assert state["answer"] and state["audioSeconds"] > 0.1
+        browser.screenshot(tmp_path / "chat.png")
+        assert [t["role"] for t in state["history"]] == ["user", "assistant"] * 2
+        turns = browser.evaluate("[...document.querySelectorAll('#chat-log .turn')].map(t => t.textContent)")
+        assert turns == [t["content"] for t in state["history"]]
+    finally:
+        browser.stop()
