@@ -5,6 +5,7 @@ the audio stages, history and earlier audio answers reach the thinker, bad field
 them, a hang-up frees the stream, and the page's chat box holds a conversation."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -175,6 +176,18 @@ def test_routes_keep_chat_and_speech_apart(stack, client):
     r = httpx.post(f"{shim.url}/v1/audio/speech", json={"model": MODEL, "input": "Hi.", "voice": "alloy"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert "/v1/chat/completions" in r.json()["error"]["message"]
+
+    async def session_config() -> dict:
+        from websockets.asyncio.client import connect
+
+        from client.speech_stream_client import ws_url
+
+        async with connect(ws_url(shim.url)) as ws:
+            await ws.send(json.dumps({"type": "session.config", "model": MODEL, "voice": "alloy"}))
+            return json.loads(await ws.recv())
+
+    error = asyncio.run(session_config())
+    assert error["type"] == "error" and error["param"] == "model", error
 
 
 def hang_up(server, shim, request_id: str, until: str) -> None:
