@@ -4,6 +4,7 @@
     .venv/bin/python perf/bench.py --pipeline qwen3_tts --size small --concurrency 1,4,8
     .venv/bin/python perf/bench.py --pipeline qwen3_tts --model /path/to/checkpoint --concurrency 1,4,8,16
     .venv/bin/python perf/bench.py --pipeline orpheus_tiny_random --engine vllm,torch --concurrency 1,4,8,16
+    .venv/bin/python perf/bench.py --pipeline qwen3_omni_tiny_random --concurrency 1,4,8 --reference
 
 For each concurrency c, c clients stream requests back to back over gRPC (tritonclient) from a
 fixed set of texts and the table gives time to first audio (p50 / p95), real-time factor (p50),
@@ -13,6 +14,8 @@ reference `generate()` (qwen-tts in .venv-oracle), so the ratios come from one r
 For Orpheus each engine in `--engine` is served in turn (the deploy's stage 0 switched to it) and
 the LM's tokens/s is set against plain vLLM `LLM.generate` on the same checkpoint with the
 worker's engine arguments (perf/vllm_generate.py, in .venv-vllm): served / plain is our overhead.
+For Qwen3-Omni (perf/omni_bench.py) the table adds the time to the first text delta, and
+`--reference` times transformers' `generate()` on the same turns.
 The server's start-up time and resident memory (server + stub processes) are reported too.
 Results are printed and appended to perf/RESULTS.md as a markdown table.
 """
@@ -82,16 +85,16 @@ def versions(triton: str) -> str:
     return f"Python {platform.python_version()}, torch {torch.__version__}, Triton server {triton}"
 
 
-def run_level(url: str, model: str, concurrency: int, requests: int, params: dict) -> dict:
-    """`concurrency` clients, each streaming `requests` requests back to back."""
+def run_clients(concurrency: int, requests: int, one) -> tuple[list, list[str], float]:
+    """`concurrency` clients, each calling `one(client, i)` for i < `requests` back to back:
+    (results, error messages, wall seconds)."""
     results, errors = [], []
     lock = threading.Lock()
 
     def client(k: int) -> None:
         for i in range(requests):
-            text = TEXTS[(k + i) % len(TEXTS)]
             try:
-                r = synthesize(url, model, text, {**params, **({"seed": k * 1000 + i} if "seed" in params else {})})
+                r = one(k, i)
                 with lock:
                     results.append(r)
             except (TritonStreamError, OSError) as e:
@@ -104,7 +107,13 @@ def run_level(url: str, model: str, concurrency: int, requests: int, params: dic
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - started
+    return results, errors, time.perf_counter() - started
+
+
+def run_level(url: str, model: str, concurrency: int, requests: int, params: dict) -> dict:
+    """`concurrency` clients, each streaming `requests` requests back to back."""
+    results, errors, wall = run_clients(concurrency, requests, lambda k, i: synthesize(
+        url, model, TEXTS[(k + i) % len(TEXTS)], {**params, **({"seed": k * 1000 + i} if "seed" in params else {})}))
     audio = sum(r.audio_s for r in results)
     return {"concurrency": concurrency, "requests": len(results), "errors": len(errors),
             "ttfa_p50_ms": percentile([r.ttfa_s * 1000 for r in results], 50),
@@ -227,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=50, help="frames per Qwen3-TTS request (random weights never stop)")
     ap.add_argument("--reference", action="store_true", help="also time the reference generate() (slow)")
     ap.add_argument("--engine", default="vllm,torch", help="orpheus: engines of the LM stage, served in turn")
-    ap.add_argument("--tokens", type=int, default=280, help="LM tokens per Orpheus request (random weights never stop)")
+    ap.add_argument("--tokens", type=int, default=280, help="LM tokens per Orpheus request (random weights never "
+                                                            "stop); Qwen3-Omni: the thinker's answer limit")
+    ap.add_argument("--reference-threads", type=int, default=2, help="qwen3_omni: threads of the reference process")
     ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -240,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     deploy_path = args.deploy or str(default_deploy_path(pipeline.default_deploy))
     if pipeline.family == "orpheus":
         return orpheus_bench(args, argv, pipeline, deploy_path, levels)
+    if pipeline.family == "qwen3_omni":
+        from perf.omni_bench import omni_bench
+
+        return omni_bench(args, argv, pipeline, deploy_path, levels)
     model = args.model
     shape = "bundled"
     work = Path(tempfile.mkdtemp(prefix="omni-bench-"))

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.errors import InvalidRequest
+from omni_backend.errors import InvalidRequest, PipelineError
 from omni_backend.families import built_model
 from omni_backend.triton.bls import ERROR_OUTPUT
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, bytes_tensor, input_bytes
@@ -134,3 +134,29 @@ class StageModel(DecoupledModel):
 
     def on_cancel(self, ctx: StreamContext) -> None:
         """A stream was cancelled by its caller; engines free their slot here."""
+
+    async def engine_events(self, ctx: StreamContext, stream) -> AsyncIterator[Any]:
+        """The events of one engine request (an AR engine's FrameStream) up to its last, awaited
+        while watching for the caller leaving; an engine error ends the stream with it."""
+        iterator = stream.__aiter__()
+        while True:
+            try:
+                event = await self.wait(ctx, iterator.__anext__())
+            except StopAsyncIteration:
+                return
+            if event.finish_reason == "error":
+                raise PipelineError(f"engine: {event.error}")
+            yield event
+            if event.finished:
+                return
+
+
+class ForgetOnRelease:
+    """A stream resource (`ctx.resources`) that drops the stream's entry from a per-stream dict of
+    its stage (text or token feeds) when the stream is released."""
+
+    def __init__(self, entries: dict, key: str):
+        self.entries, self.key = entries, key
+
+    async def aclose(self) -> None:
+        self.entries.pop(self.key, None)

@@ -32,3 +32,24 @@ def test_bench_prints_and_appends_the_table(tmp_path):
         requests, errors = int(cells[0]), int(cells[1])
         assert (requests, errors) == (int(c), 0)
         assert float(cells[5]) > 0   # audio seconds per second
+
+
+def test_omni_bench_reports_text_and_audio_timing(tmp_path):
+    """The Qwen3-Omni table: time to first text and first audio per level (the reference's timing
+    is a --reference run of perf/RESULTS.md; it takes minutes even on the tiny checkpoint)."""
+    results = tmp_path / "RESULTS.md"
+    done = subprocess.run([sys.executable, "perf/bench.py", "--pipeline", "qwen3_omni_tiny_random",
+                           "--concurrency", "1,2", "--requests", "1", "--frames", "6", "--tokens", "12",
+                           "--results", str(results)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    text = results.read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| c |"))
+    assert "TTFT p50 ms" in header and "TTFA p50 ms" in header
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+            if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert [(int(r[0]), int(r[1]), int(r[2])) for r in rows] == [(1, 1, 0), (2, 2, 0)]
+    for r in rows:
+        ttft, ttfa = float(r[3]), float(r[5])
+        assert 0 < ttft < ttfa   # text comes first
+        assert float(r[8]) > 0   # audio seconds per second

@@ -20,9 +20,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.engine import AsyncEngine, SamplingParams
-from omni_backend.errors import InvalidRequest, PipelineError, Unavailable
+from omni_backend.errors import InvalidRequest, Unavailable
 from omni_backend.triton.decoupled import StreamContext
-from omni_backend.triton.stage import StageModel
+from omni_backend.triton.stage import ForgetOnRelease, StageModel
 
 from .family import TALKER_OPTIONS
 
@@ -102,7 +102,7 @@ class TalkerStage(StageModel):
         prompt = inputs["PROMPT_IDS"].reshape(-1).tolist()
         talker_input = TalkerInput(self.config, self.embedding, self.talker, prompt, request.get("speaker", ""))
         feed = self.feeds[rid] = AnswerFeed(ThinkerAnswer(talker_input))   # before any await: appends follow
-        ctx.resources.append(_Forget(self.feeds, rid))
+        ctx.resources.append(ForgetOnRelease(self.feeds, rid))
         feed.push(inputs.get("TOKEN_IDS", np.zeros(0, np.int64)).reshape(-1).tolist(), end=False)
         params = self.sampling_params(request)
         try:
@@ -112,20 +112,11 @@ class TalkerStage(StageModel):
         stream = self.engine.add_request(rid, feed.answer, params, input_open=not feed.ended)
         feed.attach(self.engine, rid)
         ctx.resources.append(stream)
-        iterator = stream.__aiter__()
-        while True:
-            try:
-                event = await self.wait(ctx, iterator.__anext__())
-            except StopAsyncIteration:
-                return
-            if event.finish_reason == "error":
-                raise PipelineError(f"engine: {event.error}")
+        async for event in self.engine_events(ctx, stream):
             if event.finish_reason == "input_timeout":
                 raise self._timeout("read all of the answer that arrived and waited")
             if event.codes is not None:
                 yield [pb_utils.Tensor("CODES", np.asarray([event.codes], dtype=np.int64))]
-            if event.finished:
-                return
 
     async def on_append_inputs(self, ctx: StreamContext, inputs: dict[str, np.ndarray], end: bool) -> None:
         feed = self.feeds.get(ctx.stage_request_id)
@@ -139,12 +130,3 @@ class TalkerStage(StageModel):
     def release_resources(self) -> None:
         self.engine.close(timeout=2.0)
 
-
-class _Forget:
-    """Drops a stream's feed when the stream is released."""
-
-    def __init__(self, feeds: dict, request_id: str):
-        self.feeds, self.request_id = feeds, request_id
-
-    async def aclose(self) -> None:
-        self.feeds.pop(self.request_id, None)

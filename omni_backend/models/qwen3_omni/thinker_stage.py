@@ -15,7 +15,6 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.engine import AsyncEngine, SamplingParams
-from omni_backend.errors import PipelineError
 from omni_backend.triton.decoupled import StreamContext, bytes_tensor
 from omni_backend.triton.stage import StageModel
 
@@ -65,14 +64,7 @@ class ThinkerStage(StageModel):
         ctx.resources.append(stream)
         yield [_ids("PROMPT_IDS", prompt)]
         text = TextDeltas(self.tokenizer)
-        iterator = stream.__aiter__()
-        while True:
-            try:
-                event = await self.wait(ctx, iterator.__anext__())
-            except StopAsyncIteration:
-                return
-            if event.finish_reason == "error":
-                raise PipelineError(f"engine: {event.error}")
+        async for event in self.engine_events(ctx, stream):
             if event.finish_reason == "cancelled":
                 return
             ids = list(event.codes or [])
@@ -86,8 +78,6 @@ class ThinkerStage(StageModel):
                 tensors.append(bytes_tensor("FINISH_REASON", event.finish_reason or "stop"))
             if tensors:
                 yield tensors
-            if event.finished:
-                return
 
     def on_cancel(self, ctx: StreamContext) -> None:
         self.engine.cancel(ctx.stage_request_id)

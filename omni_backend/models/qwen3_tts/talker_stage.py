@@ -40,7 +40,7 @@ from omni_backend.models.qwen3_tts.sampling_params import FIELDS as CODE_PREDICT
 from omni_backend.models.qwen3_tts.sampling_params import code_predictor_params, sampling_params_from_request
 from omni_backend.models.qwen3_tts.streamed_text import StreamedText
 from omni_backend.triton.decoupled import StreamContext
-from omni_backend.triton.stage import StageModel
+from omni_backend.triton.stage import ForgetOnRelease, StageModel
 
 
 class TextFeed:
@@ -146,7 +146,7 @@ class Qwen3TalkerStage(StageModel):
         feed = None
         if request.get("streaming_input"):   # before any await: appends may come at once
             feed = self.text_feeds[rid] = TextFeed(StreamedText(self.builder.tokenizer))
-            ctx.resources.append(_Forget(self.text_feeds, rid))
+            ctx.resources.append(ForgetOnRelease(self.text_feeds, rid))
             feed.push(request["text"], end=False)
         clone = await self._voice_clone(ctx, request)
         if feed is not None:
@@ -164,14 +164,7 @@ class Qwen3TalkerStage(StageModel):
         if feed is not None:
             feed.attach(self.engine, rid, len(feed.streamed.ids))
         ctx.resources.append(stream)
-        iterator = stream.__aiter__()
-        while True:
-            try:
-                event = await self.wait(ctx, iterator.__anext__())
-            except StopAsyncIteration:
-                return
-            if event.finish_reason == "error":
-                raise PipelineError(f"engine: {event.error}")
+        async for event in self.engine_events(ctx, stream):
             if event.finish_reason == "input_timeout":
                 raise InvalidRequest("text", f"the talker read all the text that arrived and waited "
                                              f"{self.text_wait_s:g} s for more, which did not come and the "
@@ -183,8 +176,6 @@ class Qwen3TalkerStage(StageModel):
                                                                                          dtype=np.int64)))
                     context = None
                 yield tensors
-            if event.finished:
-                return
 
     async def on_append(self, ctx: StreamContext, text: str, end: bool) -> None:
         feed = self.text_feeds.get(ctx.stage_request_id)
@@ -198,12 +189,3 @@ class Qwen3TalkerStage(StageModel):
     def release_resources(self) -> None:
         self.engine.close(timeout=2.0)
 
-
-class _Forget:
-    """Drops a stream's text feed when the stream is released."""
-
-    def __init__(self, feeds: dict, request_id: str):
-        self.feeds, self.request_id = feeds, request_id
-
-    async def aclose(self) -> None:
-        self.feeds.pop(self.request_id, None)
