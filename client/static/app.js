@@ -67,7 +67,8 @@ function showMode() {
   const chatting = chatModels.has($("model").value);
   state.mode = chatting ? "chat" : "speech";
   $("chat").hidden = !chatting;
-  for (const id of ["text", "speech-buttons", "format-label", "speed-label"]) $(id).hidden = chatting;
+  for (const id of ["text", "speech-buttons", "format-label", "speed-label", "speech-stats"]) $(id).hidden = chatting;
+  if (chatting) $("player").hidden = true;   // shown again by the next compressed-format Play
   setChatPhase(chat.phase);
 }
 
