@@ -176,11 +176,19 @@ class StageStream:
             return
         self._done = True
         loop = asyncio.get_running_loop()
+        cancelled = False
+        if not self._starting.done():
+            # exec() returns with the stage's first response, which may wait for input that now
+            # never comes (appended text or tokens): cancel as soon as the request is on its way
+            await self._opened.wait()
+            await loop.run_in_executor(self.executor, cancel_stage_request, self.model_name, self.request_id)
+            cancelled = True
         try:
             it = await asyncio.shield(self._starting)
         except Exception:  # the stream never opened: nothing to stop
             return
-        await loop.run_in_executor(self.executor, cancel_stage_request, self.model_name, self.request_id)
+        if not cancelled:
+            await loop.run_in_executor(self.executor, cancel_stage_request, self.model_name, self.request_id)
         if self._pending is not None:  # never two threads on one iterator
             await asyncio.wait({self._pending})
         await loop.run_in_executor(self.executor, _drain_quietly, it)

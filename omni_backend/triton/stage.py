@@ -3,7 +3,7 @@
 Inputs: REQUEST (JSON: the adapter's normalized request; stages fed by the client's request),
 the stage's declared tensors (stages fed by other stages: codes, hidden states), REQUEST_ID, and
 CONTROL for out-of-band messages: `cancel` ends the stream with that REQUEST_ID (see bls.py for
-why), `ping` answers at once (liveness), `append` gives the stream with that REQUEST_ID more text
+why; one that comes before its stream ends the stream as it arrives), `ping` answers at once (liveness), `append` gives the stream with that REQUEST_ID more text
 (REQUEST: `{"text": "...", "end": bool}`; a stage that reads text as it arrives implements
 `on_append`, see omni_backend/triton/text_input.py) or, from a transfer, more of its declared
 input tensors (REQUEST: `{"end": bool}` and the tensors; `on_append_inputs`).
@@ -36,6 +36,9 @@ class StageModel(DecoupledModel):
         # read over BLS: a stage that declares an ERROR output sends its errors in it (see error_response)
         self.error_before_final = any(t.name == ERROR_OUTPUT for t in self.stage_config.outputs)
         self.by_request_id: dict[str, StreamContext] = {}
+        # cancels that came before their stream (a caller that left while its request was on the
+        # way): request id -> when; the stream is cancelled as it arrives
+        self.early_cancels: dict[str, float] = {}
         self.metrics = StageMetrics(self.model_name)
         self.metrics.active.set(0)   # a reloaded stage starts from the truth, not the dead one's count
         self.load()
@@ -81,6 +84,12 @@ class StageModel(DecoupledModel):
         if target is not None:
             target.cancel()
             self.on_cancel(target)
+            return
+        now = time.monotonic()
+        for old, when in list(self.early_cancels.items()):   # a stream that never came is forgotten
+            if now - when > 2 * TARGET_WAIT_S:
+                del self.early_cancels[old]
+        self.early_cancels[rid] = now
 
     async def on_append(self, ctx: StreamContext, text: str, end: bool) -> None:
         """More text for a running stream (`end`: its input is complete); raise InvalidRequest to
@@ -124,6 +133,8 @@ class StageModel(DecoupledModel):
         inputs = self._inputs(ctx.request, required=True)
         ctx.stage_request_id = rid
         self.by_request_id[rid] = ctx
+        if self.early_cancels.pop(rid, None) is not None:
+            ctx.cancel()
         self.metrics.active.set(len(self.by_request_id))
         try:
             async for tensors in self.generate(ctx, request, inputs):

@@ -191,17 +191,21 @@ def test_text_only_answer_skips_the_audio_stages(omni_server):
         Served(omni_server, LONG, "Hi", {"return_audio": False, "talker_max_new_tokens": 5})
 
 
-def test_a_client_that_leaves_frees_all_three_stages(omni_server):
+@pytest.mark.parametrize("leave_at", ["first text", "first audio"])
+def test_a_client_that_leaves_frees_all_three_stages(omni_server, leave_at):
+    """Leaving at the first text delta: the talker stream is opening or waits for its prefill's
+    text, which never comes now; at the first audio: all three stages are at work."""
     stop = threading.Event()
 
-    def leave_after_first_audio():
+    def leave():
         for part in stream_parts(omni_server.grpc_url, LONG, "Tell me everything about whales.", GREEDY):
-            if part.audio is not None and part.audio.size:
+            if (leave_at == "first audio" and part.audio is not None and part.audio.size) or \
+                    (leave_at == "first text" and "TEXT_DELTA" in part.outputs):
                 stop.set()
                 return   # closes the gRPC stream: the server cancels the request
 
     with ThreadPoolExecutor(3) as pool:
-        list(pool.map(lambda _: leave_after_first_audio(), range(3)))
+        list(pool.map(lambda _: leave(), range(3)))
     assert stop.is_set()
     stages = [f"{LONG}__thinker", f"{LONG}__talker"]
 
