@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from client.speech_api.catalog import OPENAI_VOICES, PipelineInfo
 from client.speech_api.errors import ApiError, invalid_request
@@ -37,7 +37,8 @@ CHAT_FIELDS = ("model", "messages", "modalities", "audio", "stream", "stream_opt
                "max_completion_tokens", "temperature", "top_p", "seed")
 
 
-def _neutral(*values: Any):
+def _neutral(*values: Any) -> Callable[[Any], bool]:
+    """A check that passes null and exactly these values (`false` is not 0, `1.0` is not 1)."""
     return lambda v: v is None or any(v == x and type(v) is type(x) for x in values)
 
 

@@ -230,9 +230,9 @@ async def create_chat_completion(request: Request):
     pipeline = await _resolve(request, chat.model)
     info = shim.catalog.get(pipeline)
     if info is None or not info.chat:
+        chatting = ", ".join(name for name, p in sorted(shim.catalog.pipelines().items()) if p.chat)
         raise invalid_request("model", f"model: '{chat.model}' reads text aloud and does not chat; use "
-                                       "POST /v1/audio/speech, or a chat model "
-                                       f"({', '.join(n for n, p in sorted(shim.catalog.pipelines().items()) if p.chat) or 'none is loaded'})")
+                                       f"POST /v1/audio/speech, or a chat model ({chatting or 'none is loaded'})")
     triton = build_chat_params(chat, info)
     access.update(model=pipeline, format=chat.audio_format or "text", stream="sse" if chat.stream else "json")
     completion = ChatCompletion(shim.pool, shim.limiter, chat, triton, chat.model, request.state.request_id,

@@ -185,12 +185,14 @@ def test_hang_up_frees_the_triton_stream(stack, stream):
     body = {"model": PIPELINE, "messages": [{"role": "user", "content": long_text[:4000]}], "stream": stream,
             "modalities": ["text", "audio"], "audio": {"voice": "plain", "format": "pcm16"}}
     request_id = f"chat-hang-up-{stream}"
+    # the earlier tests' streams are over (their end is counted a moment after their last byte)
+    assert wait_for(lambda: metric(server, "omni_active_streams", pipeline=PIPELINE) == 0, 5.0)
     with httpx.Client(timeout=30, headers={"x-request-id": request_id}) as http:
         if stream:
             with http.stream("POST", f"{shim.url}/v1/chat/completions", json=body) as r:
                 assert r.status_code == 200
                 next(r.iter_raw())
-                assert metric(server, "omni_active_streams", pipeline=PIPELINE) == 1
+                assert wait_for(lambda: metric(server, "omni_active_streams", pipeline=PIPELINE) == 1, 2.0)
         else:
             with pytest.raises(httpx.ReadTimeout):
                 http.post(f"{shim.url}/v1/chat/completions", json=body, timeout=1.5)
