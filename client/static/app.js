@@ -50,8 +50,13 @@ function fill(select, values, selected) {
 }
 
 async function loadVoices() {
+  // The previous model's voices go at once: a request sent while the new ones load must not carry
+  // a voice the new model does not have. An answer for a model no longer selected is dropped.
+  const model = $("model").value;
+  $("voice").replaceChildren();
   try {
-    const body = await getJson(`/v1/audio/voices?model=${encodeURIComponent($("model").value)}`);
+    const body = await getJson(`/v1/audio/voices?model=${encodeURIComponent(model)}`);
+    if ($("model").value !== model) return;
     const voices = body.voices.length ? body.voices.map((v) => [v, v]) : [["alloy", "(model default)"]];
     fill($("voice"), voices, body.default);
   } catch (e) {
