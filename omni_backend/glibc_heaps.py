@@ -7,6 +7,7 @@ threads (request handlers, BLS readers, encoders) thus keeps the peak of every t
 """
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 
@@ -49,3 +50,16 @@ def release_free_memory() -> None:
     trim = getattr(_LIBC, "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+# A long-running server's free pages are given back this often (a trim takes about a millisecond).
+TRIM_INTERVAL_S = 20.0
+
+
+async def release_free_memory_every(seconds: float = TRIM_INTERVAL_S) -> None:
+    """Forever: `release_free_memory` every `seconds`, in a worker thread. The bounded heaps of a
+    process serving thousands of varied requests still end each at a fragmented high-water mark
+    (the speech API: +64 MB anonymous memory over a 30-minute soak); what is free there goes back."""
+    while True:
+        await asyncio.sleep(seconds)
+        await asyncio.to_thread(release_free_memory)

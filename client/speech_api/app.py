@@ -1,6 +1,7 @@
 """The FastAPI application: middleware, error envelopes, lifespan of the Triton pool."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -22,6 +23,7 @@ from client.speech_api.errors import ApiError, invalid_request, not_found
 from client.speech_api.pool import TritonPool
 from client.speech_api.routes import STATIC_DIR, router
 from client.speech_api.voices import VoiceRegistry, default_voices_dir
+from omni_backend.glibc_heaps import release_free_memory_every
 
 log = logging.getLogger("omni.speech_api")
 EXPOSED_HEADERS = ["x-request-id", "retry-after", "retry-after-ms", "x-omni-model", "x-omni-ttfa-ms",
@@ -55,12 +57,14 @@ def create_app(config: ShimConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await shim.pool.start()
+        trimming = asyncio.ensure_future(release_free_memory_every())
         log.info("speech API over %s; models: %s; API keys %s", ", ".join(config.tritons),
                  ", ".join(shim.catalog.model_names()) or "none yet",
                  "on" if shim.api_keys.enabled else "off")
         try:
             yield
         finally:
+            trimming.cancel()
             await shim.pool.close()
 
     app = FastAPI(title="omni-triton-tts speech API", version="0.1.0", lifespan=lifespan,

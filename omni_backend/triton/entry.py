@@ -27,7 +27,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import Unavailable
 from omni_backend.families import built_model, import_path
-from omni_backend.glibc_heaps import bound_malloc_retention
+from omni_backend.glibc_heaps import bound_malloc_retention, release_free_memory_every
 from omni_backend.pipeline import StageConfig, TensorSpec
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
@@ -41,6 +41,7 @@ STAGE_PING_TIMEOUT_S = 2.5   # under the supervisor's own 3 s, so the answer nam
 class PipelineEntry(DecoupledModel):
     def setup(self) -> None:
         bound_malloc_retention()   # dozens of BLS threads: each would keep a glibc heap at its peak
+        asyncio.run_coroutine_threadsafe(release_free_memory_every(), self.loop)
         built = built_model(self.parameters, self.model_name)
         self.pipeline, self.deploy, self.model_path = built.pipeline, built.deploy, built.model_path
         self.adapter = import_path(self.pipeline.adapter).from_model(self.model_path)
