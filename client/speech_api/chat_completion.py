@@ -32,12 +32,13 @@ import numpy as np
 
 from client.speech_api import sse
 from client.speech_api.admission import StreamLimiter
+from client.speech_api.admitted_stream import AdmittedStream
 from client.speech_api.chat_request import AudioTranscripts, ChatRequest, ChatTritonRequest, chat_error
 from client.speech_api.encoders import make_encoder
 from client.speech_api.encoders.wav import UNKNOWN_SIZE
-from client.speech_api.errors import ApiError, from_triton, internal
-from client.speech_api.pool import PoolStream, TritonPool
-from client.triton_stream import StreamPart, TritonStreamError
+from client.speech_api.errors import ApiError, internal
+from client.speech_api.pool import TritonPool
+from client.triton_stream import StreamPart
 
 log = logging.getLogger("omni.speech_api")
 TEXT_OUTPUT = "TEXT_DELTA"
@@ -78,72 +79,27 @@ def sized_flac(data: bytes, samples: int) -> bytes:
     return bytes(out)
 
 
-class ChatCompletion:
+class ChatCompletion(AdmittedStream):
     def __init__(self, pool: TritonPool, limiter: StreamLimiter, request: ChatRequest,
                  triton: ChatTritonRequest, model: str, request_id: str, access: dict[str, Any],
                  transcripts: AudioTranscripts | None = None):
-        self.pool = pool
-        self.limiter = limiter
+        super().__init__(pool, limiter, triton.pipeline, request_id, access)
         self.request = request
         self.triton = triton
         self.model = model
-        self.request_id = request_id
-        self.access = access
         self.transcripts = transcripts
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.audio_id = f"audio_{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.stream: PoolStream | None = None
         self.transcript: list[str] = []
         self.finish_reason = "stop"
-        self.sample_rate = 0
-        self.audio_samples = 0
         self._encoder = None
-        self._admitted = False
-        self._finished = False
-
-    @property
-    def audio_seconds(self) -> float:
-        return self.audio_samples / self.sample_rate if self.sample_rate else 0.0
 
     # ------------------------------------------------------------------ the Triton stream
 
     async def start(self) -> None:
-        t0 = time.perf_counter()
-        self.limiter.acquire(self.triton.pipeline)
-        self._admitted = True
-        try:
-            self.stream = await self.pool.open_stream(self.triton.pipeline, self.triton.text, self.triton.params,
-                                                      self.request_id, parts=True)
-        except ApiError as e:
-            self._release()
-            raise chat_error(e, self.triton) from None
-        except TritonStreamError as e:
-            self._release()
-            raise chat_error(from_triton(str(e)), self.triton) from None
-        except Exception as e:  # noqa: BLE001 - still the envelope with a code, never a bare 500
-            self._release()
-            log.exception("request %s: opening the Triton stream failed", self.request_id)
-            raise internal(f"{type(e).__name__}: {e}") from None
-        except BaseException:
-            self._release()
-            raise
-        self.access["ttfa_ms"] = (time.perf_counter() - t0) * 1000.0   # here: time to the first response
-        self.access["triton"] = self.stream.endpoint.url
-
-    def _release(self) -> None:
-        if self._admitted:
-            self._admitted = False
-            self.limiter.release(self.triton.pipeline)
-
-    async def close(self) -> None:
-        try:
-            if self.stream is not None:
-                await self.stream.aclose()
-        finally:
-            self._release()
-            self.access["audio_s"] = round(self.audio_seconds, 3)
-            self.access["outcome"] = self.access.get("outcome") or ("ok" if self._finished else "cancelled")
+        await self.open(self.triton.text, self.triton.params, parts=True,
+                        refine=lambda e: chat_error(e, self.triton))
 
     async def _parts(self) -> AsyncIterator[tuple[str, Any]]:
         """("text", str) and ("audio", encoded bytes) in arrival order; the encoder's tail last."""

@@ -9,84 +9,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any, AsyncIterator
 
 import numpy as np
 
 from client.speech_api import sse
 from client.speech_api.admission import StreamLimiter
+from client.speech_api.admitted_stream import AdmittedStream
 from client.speech_api.encoders import make_encoder
-from client.speech_api.errors import ApiError, from_triton, internal
-from client.speech_api.pool import PoolStream, TritonPool
+from client.speech_api.errors import ApiError, internal
+from client.speech_api.pool import TritonPool
 from client.speech_api.request import TritonRequest
 from client.speech_api.speed import TimeStretch
-from client.triton_stream import TritonStreamError
 
 log = logging.getLogger("omni.speech_api")
 FIRST_SLICE_S = 0.1   # audio encoded before the first bytes go out
 SLICE_S = 0.5         # then at most this much per encoder call
 
 
-class SpeechSynthesis:
+class SpeechSynthesis(AdmittedStream):
     def __init__(self, pool: TritonPool, limiter: StreamLimiter, request: TritonRequest,
                  response_format: str, stream_format: str, request_id: str, access: dict[str, Any]):
-        self.pool = pool
-        self.limiter = limiter
+        super().__init__(pool, limiter, request.pipeline, request_id, access)
         self.request = request
         self.response_format = response_format
         self.stream_format = stream_format
-        self.request_id = request_id
-        self.access = access
-        self.stream: PoolStream | None = None
-        self.sample_rate = 0
-        self.audio_samples = 0
-        self._admitted = False
-        self._finished = False
-
-    @property
-    def audio_seconds(self) -> float:
-        return self.audio_samples / self.sample_rate if self.sample_rate else 0.0
 
     async def start(self) -> None:
-        t0 = time.perf_counter()
-        pipeline = self.request.pipeline
-        self.limiter.acquire(pipeline)
-        self._admitted = True
-        try:
-            self.stream = await self.pool.open_stream(pipeline, self.request.text, self.request.params,
-                                                      self.request_id)
-        except ApiError:
-            self._release()
-            raise
-        except TritonStreamError as e:   # coded: a request Triton could not take
-            self._release()
-            raise from_triton(str(e)) from None
-        except Exception as e:  # noqa: BLE001 - still the envelope with a code, never a bare 500
-            self._release()
-            log.exception("request %s: opening the Triton stream failed", self.request_id)
-            raise internal(f"{type(e).__name__}: {e}") from None
-        except BaseException:
-            self._release()
-            raise
-        self.access["ttfa_ms"] = (time.perf_counter() - t0) * 1000.0
-        self.access["triton"] = self.stream.endpoint.url
+        await self.open(self.request.text, self.request.params)
         if self.stream.first is not None:
             self.sample_rate = self.stream.first[1]
-
-    def _release(self) -> None:
-        if self._admitted:
-            self._admitted = False
-            self.limiter.release(self.request.pipeline)
-
-    async def close(self) -> None:
-        try:
-            if self.stream is not None:
-                await self.stream.aclose()
-        finally:
-            self._release()
-            self.access["audio_s"] = round(self.audio_seconds, 3)
-            self.access["outcome"] = self.access.get("outcome") or ("ok" if self._finished else "cancelled")
 
     async def _encoded(self) -> AsyncIterator[bytes]:
         """Encoded bytes, as soon as the encoder lets them go. Stretching and encoding run in

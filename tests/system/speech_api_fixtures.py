@@ -3,11 +3,29 @@
 process in front of the session's real tritonserver."""
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+from typing import Iterator
+
 import pytest
 
 from client.speech_api.process import ShimProcess
 from client.triton_process import TritonProcess, free_port
 from tests.system.speech_api_helpers import hibari_repository
+
+
+@contextlib.contextmanager
+def served_stack(repo: Path, logs: Path) -> Iterator[tuple[TritonProcess, ShimProcess]]:
+    """A tritonserver on `repo` and a speech API in front of it, both stopped on exit."""
+    server = TritonProcess(repo, log_path=logs / "tritonserver.log")
+    server.start()
+    shim = ShimProcess([server.grpc_url], log_path=logs / "shim.log")
+    try:
+        shim.start()
+        yield server, shim
+    finally:
+        shim.stop()
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -65,12 +83,5 @@ def busy_stack(tmp_path_factory):
     text = config.read_text()
     assert '\\"max_streams\\":64' in text
     config.write_text(text.replace('\\"max_streams\\":64', '\\"max_streams\\":1'))
-    server = TritonProcess(repo, log_path=base / "tritonserver.log")
-    server.start()
-    shim = ShimProcess([server.grpc_url], log_path=base / "shim.log")
-    try:
-        shim.start()
-        yield server, shim
-    finally:
-        shim.stop()
-        server.stop()
+    with served_stack(repo, base) as stack:
+        yield stack

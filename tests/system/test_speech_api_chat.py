@@ -17,9 +17,8 @@ import openai
 import pytest
 import soundfile as sf
 
-from client.speech_api.process import ShimProcess
-from client.triton_process import TritonProcess
 from client.triton_stream import stream_parts
+from tests.system.speech_api_fixtures import served_stack
 from tests.system.speech_api_helpers import ROOT, decode, metric, wait_for
 
 pytestmark = pytest.mark.system
@@ -41,15 +40,8 @@ def stack(tmp_path_factory):
         pytest.skip(f"{MODEL} is not in the model repository")
     for model in models:
         shutil.copytree(ROOT / "model_repository" / model, repo / model, ignore=shutil.ignore_patterns("__pycache__"))
-    server = TritonProcess(repo, log_path=base / "tritonserver.log")
-    server.start()
-    shim = ShimProcess([server.grpc_url], log_path=base / "shim.log")
-    try:
-        shim.start()
-        yield server, shim
-    finally:
-        shim.stop()
-        server.stop()
+    with served_stack(repo, base) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")

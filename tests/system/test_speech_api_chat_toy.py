@@ -18,8 +18,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from client.speech_api.process import ShimProcess
-from client.triton_process import TritonProcess
+from tests.system.speech_api_fixtures import served_stack
 from tests.system.speech_api_helpers import ROOT, decode, metric, sse_events, wait_for
 from tests.toy_family import expected_audio, text_pieces
 
@@ -43,15 +42,8 @@ def stack(tmp_path_factory):
     text = config.read_text()
     assert '{\\"clones_voices\\":false,' in text
     config.write_text(text.replace('{\\"clones_voices\\":false,', '{\\"chat\\":true,\\"clones_voices\\":false,'))
-    server = TritonProcess(repo, log_path=base / "tritonserver.log")
-    server.start()
-    shim = ShimProcess([server.grpc_url], log_path=base / "shim.log")
-    try:
-        shim.start()
-        yield server, shim
-    finally:
-        shim.stop()
-        server.stop()
+    with served_stack(repo, base) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")
