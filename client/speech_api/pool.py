@@ -107,6 +107,10 @@ class PoolStream:
             if not pending.done():
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
+            elif not pending.cancelled():
+                # the step ended (often the stream's StopAsyncIteration) just as this task was
+                # cancelled: its outcome has no reader now; marked read, asyncio logs nothing
+                pending.exception()
 
     async def chunks(self) -> AsyncIterator[tuple[np.ndarray, int]]:
         if self.first is None:

@@ -57,6 +57,8 @@ class AnswerHandoff(Transfer):
                 if task is not None and not task.done():
                     task.cancel()
                     await asyncio.wait({task})
+                if task is not None and not task.cancelled():
+                    task.exception()   # an outcome nobody reads now (the client left): marked read
 
     async def _feed(self, thinker: AsyncIterator[Outputs], talker, stage: StageCall) -> None:
         chunk = self.chunk_tokens
