@@ -153,6 +153,22 @@ def test_concurrent_answers_equal_their_solo_runs(omni_server, solo, qwen3_omni_
         np.testing.assert_array_equal(served.audio, solo[job_id].audio, err_msg=job_id)
 
 
+def test_a_failing_request_does_not_touch_the_others(omni_server, solo, qwen3_omni_reference):
+    """A conversation longer than the thinker's cache (max_model_len 4096) fails with its field
+    while the parity jobs stream beside it, each still equal to its solo run."""
+    history = [{"role": "user", "content": "word " * 1500}, {"role": "assistant", "content": "ok " * 1500}] * 2
+    jobs = qwen3_omni_reference["tiny"]["jobs"]
+    with ThreadPoolExecutor(len(jobs) + 1) as pool:
+        futures = {job_id: pool.submit(Served, omni_server, PARITY, *_job_request(ref["job"]))
+                   for job_id, ref in jobs.items()}
+        failing = pool.submit(Served, omni_server, PARITY, "And now?", {"messages": history})
+        with pytest.raises(TritonStreamError, match="invalid_request: messages: the prompt takes"):
+            failing.result()
+        for job_id, f in futures.items():
+            assert f.result().text == solo[job_id].text, job_id
+            np.testing.assert_array_equal(f.result().audio, solo[job_id].audio, err_msg=job_id)
+
+
 def test_seeded_answers_are_isolated(omni_server):
     requests = [("Tell me about the sea.", {"seed": seed, "do_sample": True, "temperature": 0.8, "top_k": 50,
                                             "talker_max_new_tokens": 40, "max_tokens": 40}) for seed in (1, 2, 3)]

@@ -101,7 +101,8 @@ class TalkerRunner(ModelRunner):
                                 sampling.repetition_penalty,
                                 sampling.suppress + (self.config.codec_eos_token_id,))
         previous = torch.stack(st.generated, dim=1) if st.generated else None
-        token = sampling.choose(logits[:, -1].to(torch.float32), previous, seq.generator)
+        # chosen on the CPU, where the request's generator lives (bit-identical on a CPU model)
+        token = sampling.choose(logits[:, -1].to(torch.float32).cpu(), previous, seq.generator)
         st.generated.append(token)
         st.pending = token
         return token
@@ -137,9 +138,10 @@ class TalkerRunner(ModelRunner):
             st: _State = seq.state
             step = len(st.generated) - 1
             first = st.pending
-            first_embed = talker.embed_codec(first.view(1, 1))
+            first_embed = talker.embed_codec(first.view(1, 1).to(self.device))
             residual, residual_embeds = talker.code_predictor.predict(
-                st.hidden, first_embed, lambda _step, scores: st.predictor.choose(scores, None, seq.generator))
+                st.hidden, first_embed,
+                lambda _step, scores: st.predictor.choose(scores.cpu(), None, seq.generator).to(self.device))
             frame = [int(first)] + residual[0].tolist()
             token: Optional[int] = None
             if seq.sample_next:

@@ -34,7 +34,7 @@ PREFILL_LOGITS_ROWS = 4
 @dataclass
 class _State:
     cache: KVCache
-    ids: torch.Tensor      # [1, prompt + answer]: what the repetition penalty covers
+    ids: torch.Tensor      # [1, prompt + answer] on the CPU: what the repetition penalty covers
     sampling: Sampling
 
 
@@ -62,16 +62,18 @@ class ThinkerRunner(ModelRunner):
         if seq.ban_eos:   # min_new_tokens
             sampling = Sampling(sampling.do_sample, sampling.temperature, sampling.top_k, sampling.top_p,
                                 sampling.repetition_penalty, tuple(sorted(self.eos_token_ids)))
-        token = sampling.choose(logits[:, -1].to(torch.float32), st.ids, seq.generator)
+        # chosen on the CPU, where the request's generator lives (bit-identical on a CPU model)
+        token = sampling.choose(logits[:, -1].to(torch.float32).cpu(), st.ids, seq.generator)
         st.ids = torch.cat((st.ids, token.view(1, 1)), dim=1)
         return int(token)
 
     def prefill(self, seq: Sequence) -> int:
         p = seq.params
-        ids = torch.tensor([seq.prompt], dtype=torch.long, device=self.device)
+        ids = torch.tensor([seq.prompt], dtype=torch.long)
         seq.state = _State(self.thinker.new_cache(), ids,
                            Sampling(p.do_sample, p.temperature, p.top_k, p.top_p, p.repetition_penalty))
-        out = self.thinker(ids, seq.state.cache, logits_rows=min(len(seq.prompt), PREFILL_LOGITS_ROWS))
+        out = self.thinker(ids.to(self.device), seq.state.cache,
+                           logits_rows=min(len(seq.prompt), PREFILL_LOGITS_ROWS))
         return self._choose(seq, out.logits)
 
     def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
@@ -82,7 +84,7 @@ class ThinkerRunner(ModelRunner):
             token: Optional[int] = None
             if seq.sample_next:
                 position = text_positions(st.cache.length, 1, self.device)
-                out = self.thinker(st.ids[:, -1:], st.cache, position)
+                out = self.thinker(st.ids[:, -1:].to(self.device), st.cache, position)
                 token = self._choose(seq, out.logits)
             outputs.append(StepOutput(seq, [last], token))
         return outputs

@@ -15,6 +15,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.engine import AsyncEngine, SamplingParams
+from omni_backend.engine.sequence import PromptTooLongError
+from omni_backend.errors import InvalidRequest
 from omni_backend.triton.decoupled import StreamContext, bytes_tensor
 from omni_backend.triton.stage import StageModel
 
@@ -60,7 +62,10 @@ class ThinkerStage(StageModel):
 
         rid = ctx.stage_request_id
         prompt = self.builder.build(messages=request["messages"], system=request.get("system"))
-        stream = self.engine.add_request(rid, prompt, self.sampling_params(request))
+        try:
+            stream = self.engine.add_request(rid, prompt, self.sampling_params(request))
+        except PromptTooLongError as e:   # the client's field is the conversation, not the engine's input
+            raise InvalidRequest("messages", e.reason) from None
         ctx.resources.append(stream)
         yield [_ids("PROMPT_IDS", prompt)]
         text = TextDeltas(self.tokenizer)
