@@ -209,7 +209,11 @@ def test_a_killed_stage_is_noticed_and_the_pipeline_heals(own_server, triton, tm
         assert len(r.content) > 1000
         assert metric(server.metrics_url, "omni_active_streams", pipeline=QWEN) == 0
         assert metric(server.metrics_url, "omni_stage_active_requests", model=f"{QWEN}__talker") == 0
-        assert "reloaded" in server.log_text()
+        # healed by reloading the pipeline or, when the kill took tritonserver down with it, by
+        # restarting the server: a stub killed while it holds the Python backend's shared-memory
+        # lock makes the server's next lock throw boost::interprocess::lock_exception (SIGABRT)
+        log = server.log_text()
+        assert "reloaded" in log or ("lock_exception" in log and "restarting" in log), log[-3000:]
     finally:
         pair.stop()
         shim.stop()
