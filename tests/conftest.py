@@ -17,6 +17,9 @@ if (ROOT / "tests" / "qwen3_fixtures.py").exists():
     pytest_plugins.append("tests.qwen3_fixtures")
 if (ROOT / "tests" / "orpheus_fixtures.py").exists():
     pytest_plugins.append("tests.orpheus_fixtures")
+# registered once here: a session fixture imported into several test modules is a fixture of each
+# module, and its reference runs would be made once per module
+pytest_plugins.append("tests.qwen3_omni_fixtures")
 
 
 @pytest.fixture(scope="session", autouse=True)

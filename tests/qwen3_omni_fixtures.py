@@ -13,8 +13,9 @@ A job's entry holds the oracle's summary (``job`` with defaults filled in, ``tex
 ``talker_ended_with_eos``) and its arrays (``input_ids``, ``sequences``, ``thinker_ids``, and with
 audio ``codes`` [16, frames], ``talker_ids``, ``waveform``); see tests/oracle/qwen3_omni_reference.py.
 
-Use them from a test module with ``from tests.qwen3_omni_fixtures import qwen3_omni_checkpoints,
-qwen3_omni_jobs, qwen3_omni_reference`` or list the module in ``pytest_plugins``. Without the
+tests/conftest.py registers this module (``pytest_plugins``): test modules use the fixtures by name
+and must not import them (an imported fixture is the module's own, and its reference runs would be
+made once per module). Without the
 oracle venv the reference fixture skips; under ``CI=true`` it fails.
 """
 from __future__ import annotations

@@ -25,11 +25,6 @@ import yaml
 from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream_parts
 from tests.oracle.qwen3_omni_reference import job_messages
-from tests.qwen3_omni_fixtures import (  # noqa: F401  (pytest fixtures)
-    qwen3_omni_checkpoints,
-    qwen3_omni_jobs,
-    qwen3_omni_reference,
-)
 from tests.system.speech_api_helpers import metric, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,13 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.qwen3_omni_fixtures import (  # noqa: F401  (fixtures)
-    QWEN3_OMNI_SHAPES,
-    qwen3_omni_checkpoints,
-    qwen3_omni_jobs,
-    qwen3_omni_reference,
-    qwen3_omni_waveform_samples,
-)
+from tests.qwen3_omni_fixtures import QWEN3_OMNI_SHAPES, qwen3_omni_waveform_samples
 
 IM_END = 151645
 CODEC_EOS = 2150

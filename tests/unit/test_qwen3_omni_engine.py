@@ -21,14 +21,7 @@ from omni_backend.models.qwen3_omni.talker_runner import ThinkerAnswer, create_t
 from omni_backend.models.qwen3_omni.text_deltas import TextDeltas
 from omni_backend.models.qwen3_omni.thinker_runner import create_thinker_engine
 from tests.oracle.qwen3_omni_reference import job_messages
-from tests.qwen3_omni_fixtures import (  # noqa: F401  (pytest fixtures)
-    QWEN3_OMNI_JOBS,
-    QWEN3_OMNI_SHAPES,
-    QWEN3_OMNI_THREADS,
-    qwen3_omni_checkpoints,
-    qwen3_omni_jobs,
-    qwen3_omni_reference,
-)
+from tests.qwen3_omni_fixtures import QWEN3_OMNI_JOBS, QWEN3_OMNI_SHAPES, QWEN3_OMNI_THREADS
 
 SHAPES = tuple(QWEN3_OMNI_SHAPES)
 JOB_IDS = tuple(job["id"] for job in QWEN3_OMNI_JOBS)

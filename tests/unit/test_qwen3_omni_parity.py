@@ -23,14 +23,7 @@ from omni_backend.models.qwen3_omni.config import ConfigError, Qwen3OmniConfig
 from omni_backend.models.qwen3_omni.generate import Sampling, generate, talker_generate, thinker_generate
 from omni_backend.models.qwen3_omni.prompt import PromptError, TalkerInput
 from tests.oracle.qwen3_omni_reference import job_messages
-from tests.qwen3_omni_fixtures import (  # noqa: F401  (pytest fixtures)
-    QWEN3_OMNI_JOBS,
-    QWEN3_OMNI_SHAPES,
-    QWEN3_OMNI_THREADS,
-    qwen3_omni_checkpoints,
-    qwen3_omni_jobs,
-    qwen3_omni_reference,
-)
+from tests.qwen3_omni_fixtures import QWEN3_OMNI_JOBS, QWEN3_OMNI_SHAPES, QWEN3_OMNI_THREADS
 
 SHAPES = tuple(QWEN3_OMNI_SHAPES)
 JOB_IDS = tuple(job["id"] for job in QWEN3_OMNI_JOBS)
