@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import traceback
 from typing import Any, AsyncIterator
 
@@ -38,6 +39,8 @@ from omni_backend.triton.worker_threads import DaemonThreadPool
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
+CANCEL_POLL_S = 0.1   # how often a waiting stream checks whether its client left
+
 class StreamContext:
     """Per-request state of one stream; lives exactly as long as the stream."""
 
@@ -50,6 +53,7 @@ class StreamContext:
         self.final_sent = False
         self.task: asyncio.Task | None = None
         self.resources: list[Any] = []   # things with `async aclose()`, closed on release
+        self._asked_at = float("-inf")    # when Triton was last asked whether the client left
 
     def cancelled(self) -> bool:
         """The client went away, or the stream is over. Once the final response is sent, Triton
@@ -58,6 +62,13 @@ class StreamContext:
         ended streams whose work was still running): a finished stream is never asked."""
         if self._cancelled or self.final_sent or self.sender is None:
             return True
+        # Each ask is a round trip to tritonserver made on the event loop; a stream awaits several
+        # things at once (a pipeline's transfers, its client reader), each polling: one ask per
+        # CANCEL_POLL_S per stream is enough.
+        now = time.monotonic()
+        if now - self._asked_at < CANCEL_POLL_S:
+            return False
+        self._asked_at = now
         if self.sender.is_cancelled():
             self._cancelled = True
         return self._cancelled
@@ -153,7 +164,7 @@ class DecoupledModel:
     async def run_blocking(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    async def wait(self, ctx: StreamContext, awaitable, poll_s: float = 0.1):
+    async def wait(self, ctx: StreamContext, awaitable, poll_s: float = CANCEL_POLL_S):
         """Await something slow while watching for the client going away."""
         fut = asyncio.ensure_future(awaitable)
         while True:
