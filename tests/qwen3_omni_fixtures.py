@@ -114,6 +114,17 @@ def run_qwen3_omni_oracle(checkpoint: Path, jobs: list[dict], out: Path, timeout
     return load_qwen3_omni_dump(out)
 
 
+@pytest.fixture(scope="module")
+def qwen3_omni_threads():
+    """torch's thread count as the oracle runs (on CPU a prefill's bits depend on it) for a module."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(QWEN3_OMNI_THREADS)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def qwen3_omni_checkpoints(tmp_path_factory) -> dict[str, Path]:
     from omni_backend.testing.qwen3_omni_random import write_random_checkpoint

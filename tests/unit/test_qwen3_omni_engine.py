@@ -21,20 +21,12 @@ from omni_backend.models.qwen3_omni.talker_runner import ThinkerAnswer, create_t
 from omni_backend.models.qwen3_omni.text_deltas import TextDeltas
 from omni_backend.models.qwen3_omni.thinker_runner import create_thinker_engine
 from tests.oracle.qwen3_omni_reference import job_messages
-from tests.qwen3_omni_fixtures import QWEN3_OMNI_JOBS, QWEN3_OMNI_SHAPES, QWEN3_OMNI_THREADS
+from tests.qwen3_omni_fixtures import QWEN3_OMNI_JOBS, QWEN3_OMNI_SHAPES
 
 SHAPES = tuple(QWEN3_OMNI_SHAPES)
 JOB_IDS = tuple(job["id"] for job in QWEN3_OMNI_JOBS)
 WAVEFORM_TOLERANCE = 1e-4
 CHUNK_TOKENS = 3   # thinker tokens per hand-off (an odd size: chunks straddle the prefill's 12 rows)
-
-
-@pytest.fixture(scope="module")
-def threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(QWEN3_OMNI_THREADS)
-    yield
-    torch.set_num_threads(before)
 
 
 def _serve_all(path: str, jobs: list[dict]) -> dict[str, dict]:
@@ -90,7 +82,7 @@ def _serve_all(path: str, jobs: list[dict]) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def served(qwen3_omni_reference, threads):
+def served(qwen3_omni_reference, qwen3_omni_threads):
     results = {}
     for shape, dump in qwen3_omni_reference.items():
         jobs = [ref["job"] for ref in dump["jobs"].values()]
@@ -127,7 +119,7 @@ def _streamed_audio(code2wav, codes: torch.Tensor, first_chunk: int, chunk: int,
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_streamed_windows_join_to_the_reference_waveform(qwen3_omni_reference, threads, shape):
+def test_streamed_windows_join_to_the_reference_waveform(qwen3_omni_reference, qwen3_omni_threads, shape):
     dump = qwen3_omni_reference[shape]
     code2wav = load_checkpoint(str(dump["checkpoint"]), parts=("code2wav",)).code2wav
     checked = 0

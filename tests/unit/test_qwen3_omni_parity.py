@@ -23,7 +23,7 @@ from omni_backend.models.qwen3_omni.config import ConfigError, Qwen3OmniConfig
 from omni_backend.models.qwen3_omni.generate import Sampling, generate, talker_generate, thinker_generate
 from omni_backend.models.qwen3_omni.prompt import PromptError, TalkerInput
 from tests.oracle.qwen3_omni_reference import job_messages
-from tests.qwen3_omni_fixtures import QWEN3_OMNI_JOBS, QWEN3_OMNI_SHAPES, QWEN3_OMNI_THREADS
+from tests.qwen3_omni_fixtures import QWEN3_OMNI_JOBS, QWEN3_OMNI_SHAPES
 
 SHAPES = tuple(QWEN3_OMNI_SHAPES)
 JOB_IDS = tuple(job["id"] for job in QWEN3_OMNI_JOBS)
@@ -31,16 +31,7 @@ WAVEFORM_TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def threads():
-    # on CPU a prefill's bits depend on the thread count: the oracle runs with the same
-    before = torch.get_num_threads()
-    torch.set_num_threads(QWEN3_OMNI_THREADS)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def checkpoints(qwen3_omni_checkpoints, threads):
+def checkpoints(qwen3_omni_checkpoints, qwen3_omni_threads):
     return {shape: load_checkpoint(str(path)) for shape, path in qwen3_omni_checkpoints.items()}
 
 
@@ -234,7 +225,7 @@ def test_config_errors_name_the_key(qwen3_omni_checkpoints):
     assert Qwen3OmniConfig.from_dict(modern).thinker == config.thinker
 
 
-def test_sharded_checkpoint_loads_like_one_file(qwen3_omni_checkpoints, tmp_path, threads):
+def test_sharded_checkpoint_loads_like_one_file(qwen3_omni_checkpoints, tmp_path, qwen3_omni_threads):
     from safetensors import safe_open
     from safetensors.torch import save_file
 
