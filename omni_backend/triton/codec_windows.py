@@ -43,8 +43,22 @@ class CodecWindows(Transfer):
         """One source output's frames, oldest first."""
         return list(array.reshape(-1, array.shape[-1]))
 
-    def window(self, frames: list[np.ndarray], left_context: int) -> dict[str, np.ndarray]:
-        """The codec stage's inputs for a window whose first `left_context` frames are context."""
+    def plan(self, schedule: CodecChunkSchedule, emitted: int, generated: int, finished: bool,
+             context: int) -> tuple[int, int, int] | None:
+        """The next window once `generated` frames were made (after `context` context frames) and
+        the audio of the first `emitted` was produced: (its first frame, counting the context
+        frames; the end of its new frames, in generated frames; frames of lookahead after them), or
+        None while it cannot be cut yet or nothing is left. Here: the chunk schedule, no lookahead;
+        the context may reach back into the context frames."""
+        window = schedule.next_window(emitted, generated, finished)
+        if window is None:
+            return None
+        left = min(schedule.left_context_frames, context + emitted)
+        return context + emitted - left, window.end_frame, 0
+
+    def window(self, frames: list[np.ndarray], left_context: int, lookahead: int = 0) -> dict[str, np.ndarray]:
+        """The codec stage's inputs for a window whose first `left_context` frames are context
+        (and, for families that plan lookahead, whose last `lookahead` frames are not heard)."""
         return {"CODES": np.stack(frames, axis=1)[None],                # [1, codebooks, frames]
                 "LEFT_CONTEXT": np.array([[left_context]], dtype=np.int32)}
 
@@ -69,10 +83,10 @@ class CodecWindows(Transfer):
         emitted = 0
 
         def next_window():
-            return schedule.next_window(emitted, len(frames) - state["context"], reader.finished)
+            context = state["context"]
+            return self.plan(schedule, emitted, len(frames) - context, reader.finished, context)
         try:
             while True:
-                offset = state["context"]
                 window = next_window()
                 if window is None:
                     if reader.finished:
@@ -80,11 +94,11 @@ class CodecWindows(Transfer):
                         return
                     await reader.more(stage, lambda: next_window() is not None)
                     continue
-                # the window's context may reach back into the context frames
-                left = min(schedule.left_context_frames, offset + emitted)
-                start = offset + emitted - left
-                out = await stage.call(self.window(frames[start:offset + window.end_frame], left))
-                emitted = window.end_frame
+                start, end, lookahead = window
+                first_new = state["context"] + emitted
+                out = await stage.call(self.window(frames[start:state["context"] + end + lookahead],
+                                                   first_new - start, lookahead))
+                emitted = end
                 yield self.audio(out)
         finally:
             await reader.aclose()

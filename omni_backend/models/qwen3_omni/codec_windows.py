@@ -16,12 +16,9 @@ Window schedule: ``initial_chunk_frames`` new frames first (time to first audio)
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
-
 import numpy as np
 
 from omni_backend.triton.codec_windows import CodecWindows
-from omni_backend.triton.transfer import Outputs, SourceReader, StageCall
 
 from .window_plan import plan_window
 
@@ -29,35 +26,12 @@ __all__ = ["ReferenceChunkWindows"]
 
 
 class ReferenceChunkWindows(CodecWindows):
-    def window(self, frames: list[np.ndarray], left_context: int, right_context: int = 0) -> dict[str, np.ndarray]:
+    def plan(self, schedule, emitted: int, generated: int, finished: bool, context: int):
+        """Windows of :func:`.window_plan.plan_window` (the talker sends no context frames)."""
+        return plan_window(emitted, generated, finished, schedule.initial_chunk_frames, schedule.chunk_frames,
+                           schedule.left_context_frames)
+
+    def window(self, frames: list[np.ndarray], left_context: int, lookahead: int = 0) -> dict[str, np.ndarray]:
         out = super().window(frames, left_context)
-        out["RIGHT_CONTEXT"] = np.array([[right_context]], dtype=np.int32)
+        out["RIGHT_CONTEXT"] = np.array([[lookahead]], dtype=np.int32)
         return out
-
-    async def run(self, request: dict[str, Any], sources: dict[int, AsyncIterator[Outputs]],
-                  stage: StageCall) -> AsyncIterator[Outputs]:
-        (source,) = sources.values()
-        schedule = self.schedule(request)
-        frames: list[np.ndarray] = []
-        reader = SourceReader(source, lambda out: frames.extend(self.frames(out[self.frames_output]))
-                              if self.frames_output in out else None)
-        emitted = 0
-
-        def next_window():
-            return plan_window(emitted, len(frames), reader.finished, schedule.initial_chunk_frames,
-                               schedule.chunk_frames, schedule.left_context_frames)
-        try:
-            while True:
-                window = next_window()
-                if window is None:
-                    if reader.finished:
-                        reader.check()
-                        return
-                    await reader.more(stage, lambda: next_window() is not None)
-                    continue
-                start, end, lookahead = window
-                out = await stage.call(self.window(frames[start:end + lookahead], emitted - start, lookahead))
-                emitted = end
-                yield self.audio(out)
-        finally:
-            await reader.aclose()
