@@ -4,8 +4,11 @@ Each `--triton` URL is an endpoint with its own gRPC client. A prober checks eve
 each `probe_interval_s` (server live + repository index), so the shim knows which pipelines
 each one serves: a pipeline is served when its entry model and every stage model it names are
 READY. A pipeline being reloaded (its stage died) is therefore not routed to, while the same
-server's other pipelines still are. An endpoint that fails is marked down and re-probed on a
-fresh channel (no gRPC reconnect back-off) until it answers again, then it rejoins.
+server's other pipelines still are. An endpoint that refuses the connection is marked down at
+once; one whose probe times out, on the second probe in a row (a server this busy still streams).
+A down endpoint is re-probed on a fresh channel (no gRPC reconnect back-off) until it answers
+again, then it rejoins. The old channel is closed once the streams still running on it end:
+closing it cancels them, and a probe that timed out on a busy server is no reason to cut them.
 
 A new stream goes to the healthy endpoint serving its pipeline with the fewest active streams
 (ties: the one picked longest ago). Until the first audio arrives a stream may move: an endpoint
@@ -52,14 +55,40 @@ class TritonEndpoint:
         self.last_pick = 0
         self.last_error = "not probed yet"
         self.probed_at = 0.0
+        self.probe_timeouts = 0                       # probes in a row that timed out
+        self._streams: dict[Any, int] = {}            # client -> streams open on it
+        self._retired: set[Any] = set()               # replaced clients, closed when their streams end
+
+    def acquire(self) -> Any:
+        """The client a new stream runs on, counted until `release`."""
+        self.active += 1
+        self._streams[self.client] = self._streams.get(self.client, 0) + 1
+        return self.client
+
+    async def release(self, client: Any) -> None:
+        self.active -= 1
+        left = self._streams.get(client, 1) - 1
+        if left > 0:
+            self._streams[client] = left
+            return
+        self._streams.pop(client, None)
+        if client in self._retired:
+            self._retired.discard(client)
+            await _close(client)
 
     async def reconnect(self) -> None:
         old, self.client = self.client, grpcaio.InferenceServerClient(self.url)
-        if old is not None:
-            try:
-                await old.close()
-            except Exception:  # noqa: BLE001 - a dead channel may fail to close
-                pass
+        if old is None:
+            return
+        if self._streams.get(old):
+            self._retired.add(old)   # its streams still run: closing the channel would cancel them
+        else:
+            await _close(old)
+
+    async def close(self) -> None:
+        for client in {self.client, *self._retired} - {None}:
+            await _close(client)
+        self._retired.clear()
 
     def mark_down(self, reason: str) -> None:
         if self.healthy:
@@ -73,6 +102,19 @@ class TritonEndpoint:
                 "pipelines": sorted(self.pipelines), "last_error": None if self.healthy else self.last_error}
 
 
+async def _close(client: Any) -> None:
+    try:
+        await client.close()
+    except Exception:  # noqa: BLE001 - a dead channel may fail to close
+        pass
+
+
+def _timed_out(error: BaseException) -> bool:
+    if isinstance(error, grpc.RpcError):
+        return error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    return "DEADLINE_EXCEEDED" in str(error) or "Deadline Exceeded" in str(error)
+
+
 class PoolStream:
     """One Triton stream on one endpoint; iterate (audio, rate) chunks (or `StreamPart`s, when
     opened with ``parts``), then `aclose()`.
@@ -81,10 +123,11 @@ class PoolStream:
     after its entry's stub died) ends with a 503: Triton 2.51 cannot answer the streams of a dead
     entry, they would hang."""
 
-    def __init__(self, endpoint: TritonEndpoint, source: AsyncIterator,
+    def __init__(self, endpoint: TritonEndpoint, client: Any, source: AsyncIterator,
                  first: tuple[np.ndarray, int] | StreamPart | None,
                  pipeline: str = "", watch_s: float = 0.5):
         self.endpoint = endpoint
+        self.client = client
         self._source = source
         self.first = first
         self.pipeline = pipeline
@@ -135,8 +178,10 @@ class PoolStream:
         if self._closed:
             return
         self._closed = True
-        self.endpoint.active -= 1
-        await self._source.aclose()
+        try:
+            await self._source.aclose()
+        finally:
+            await self.endpoint.release(self.client)
 
 
 class TritonPool:
@@ -163,11 +208,7 @@ class TritonPool:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         for ep in self.endpoints:
-            if ep.client is not None:
-                try:
-                    await ep.client.close()
-                except Exception:  # noqa: BLE001
-                    pass
+            await ep.close()
 
     async def _probe_forever(self) -> None:
         while True:
@@ -217,9 +258,14 @@ class TritonPool:
             ep.probed_at = time.monotonic()
             return
         except Exception as e:  # noqa: BLE001 - any failure means "not usable now"
-            ep.mark_down(f"{type(e).__name__}: {e}")
             ep.probed_at = time.monotonic()
+            if _timed_out(e) and ep.healthy and ep.probe_timeouts == 0:
+                ep.probe_timeouts = 1   # busy, maybe: down if the next probe times out too
+                return
+            ep.probe_timeouts = 0
+            ep.mark_down(f"{type(e).__name__}: {e}")
             return
+        ep.probe_timeouts = 0
         ep.pipelines = pipelines
         ep.seen |= set(pipelines)
         ep.unready = ep.seen - set(pipelines)
@@ -270,23 +316,24 @@ class TritonPool:
                     raise busy
                 raise no_backend(f"No Triton endpoint can serve '{pipeline}' now "
                                  f"({'; '.join(f'{e.url}: {e.last_error}' for e in self.endpoints if not e.healthy) or 'model not loaded'})")
-            ep.active += 1
+            client = ep.acquire()
             ep.last_pick = next(self._picks)
-            source = (astream_parts if parts else astream)(ep.client, pipeline, text, params or None, request_id)
+            source = (astream_parts if parts else astream)(client, pipeline, text, params or None, request_id)
             try:
                 first = await source.__anext__()
             except StopAsyncIteration:
                 first = None
             except grpc.RpcError as e:
-                ep.active -= 1
                 await source.aclose()
+                await ep.release(client)
                 if e.code() in _ENDPOINT_DOWN:
                     ep.mark_down(f"{e.code().name}: {e.details()}")
                     skip.append(ep)
                     continue
                 raise internal(f"Triton at {ep.url}: {e.code().name}: {e.details()}") from None
             except TritonStreamError as e:
-                ep.active -= 1
+                await source.aclose()
+                await ep.release(client)
                 message = str(e)
                 if any(s in message for s in _MODEL_MISSING):
                     ep.pipelines.pop(pipeline, None)
@@ -301,7 +348,9 @@ class TritonPool:
                     continue
                 raise error from None
             except BaseException:
-                ep.active -= 1
-                await source.aclose()
+                try:
+                    await source.aclose()
+                finally:
+                    await ep.release(client)
                 raise
-            return PoolStream(ep, source, first, pipeline, min(0.5, self.probe_interval_s))
+            return PoolStream(ep, client, source, first, pipeline, min(0.5, self.probe_interval_s))

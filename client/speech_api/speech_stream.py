@@ -197,8 +197,8 @@ class Utterance:
         self.sentences = 1
         await self._start_message(0, first)
         shim.limiter.acquire(request.pipeline)
-        endpoint.active += 1
-        stream = TextInputStream(endpoint.client, request.pipeline, request.params, self.session.request_id())
+        client = endpoint.acquire()
+        stream = TextInputStream(client, request.pipeline, request.params, self.session.request_id())
         chunks = stream.start(first)
         feeder = asyncio.ensure_future(self._feed(stream))
         total, failed = 0, False
@@ -212,8 +212,10 @@ class Utterance:
             if not feeder.done():
                 feeder.cancel()
                 await asyncio.gather(feeder, return_exceptions=True)
-            await stream.aclose()
-            endpoint.active -= 1
+            try:
+                await stream.aclose()
+            finally:
+                await endpoint.release(client)
             shim.limiter.release(request.pipeline)
         await self._done_message(0, total, failed, text=self.text)
 

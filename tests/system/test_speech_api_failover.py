@@ -158,3 +158,60 @@ def test_a_dead_endpoint_is_skipped_before_the_first_audio(triton):
             await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_probes_timing_out_on_a_busy_server_do_not_cut_its_streams(triton):
+    """A server too busy to answer a probe in time is marked down on the second timeout, and its
+    channel is renewed; the streams running on the old channel play to their end, equal to the
+    same request on a quiet pool, and the old channel is closed after them."""
+    import asyncio
+
+    import numpy as np
+
+    from client.speech_api.catalog import Catalog
+    from client.speech_api.pool import TritonPool
+
+    params = {"seed": 7}
+
+    async def play(stream) -> np.ndarray:
+        parts = []
+        try:
+            async for audio, _ in stream.chunks():
+                parts.append(audio)
+        finally:
+            await stream.aclose()
+        return np.concatenate(parts)
+
+    async def scenario():
+        quiet = TritonPool([triton.grpc_url], Catalog(), probe_interval_s=60)
+        await quiet.start()
+        try:
+            alone = await play(await quiet.open_stream("hibari", LONG_TEXT, params, "busy-alone"))
+        finally:
+            await quiet.close()
+
+        pool = TritonPool([triton.grpc_url], Catalog(), probe_interval_s=0.1)
+        await pool.start()
+        try:
+            ep = pool.endpoints[0]
+            stream = await pool.open_stream("hibari", LONG_TEXT, params, "busy-probed")
+            pool.probe_timeout_s = 1e-4          # every probe now times out
+            for _ in range(100):                 # two timeouts: down; the next probe renews the channel
+                if ep.client is not stream.client:
+                    break
+                await asyncio.sleep(0.05)
+            assert ep.client is not stream.client and not ep.healthy
+            assert "Deadline" in ep.last_error or "DEADLINE" in ep.last_error, ep.last_error
+            old = stream.client
+            audio = await play(stream)
+            assert np.array_equal(audio, alone)
+            assert ep.active == 0
+            with pytest.raises(Exception):       # closed once its last stream ended
+                await old.is_server_live(client_timeout=5)
+            pool.probe_timeout_s = 5.0
+            await pool.probe_all()
+            assert ep.healthy
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
