@@ -14,14 +14,18 @@ objects included) from a background thread without the GIL, which can hang: orph
 `start_heartbeat`: under the supervisor (which sets `OMNI_HEARTBEAT_DIR`), the stub touches the
 file `<dir>/<pid>` twice a second from its event loop (or a thread, for a model without one). A
 ping through Triton waits in the model's queue behind every request and so cannot tell a stuck
-stub from an overloaded one; a heartbeat that stops while the process lives can.
+stub from an overloaded one; a heartbeat that stops while the process lives can. A loop that
+stops ticking for STALL_REPORT_S also has every thread's stack written to the stub's stderr (the
+server log) once per stall: what held it is then on record, whether or not it recovers.
 """
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 SHM_PREFIX = "triton_python_backend_shm_region_"
@@ -65,6 +69,7 @@ def start_orphan_guard(interval_s: float = 0.5) -> None:
 
 HEARTBEAT_ENV = "OMNI_HEARTBEAT_DIR"
 HEARTBEAT_S = 0.5
+STALL_REPORT_S = 10.0   # well under the supervisor's stalled_secs (20 s), over a busy host's hiccups
 
 
 def _beat(path: Path) -> None:
@@ -82,10 +87,15 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None) -> None:
     path = Path(folder) / str(os.getpid())
     _beat(path)
     if loop is not None:
+        last_tick = [time.monotonic()]
+
         def tick() -> None:
+            last_tick[0] = time.monotonic()
             _beat(path)
             loop.call_later(HEARTBEAT_S, tick)
         loop.call_soon_threadsafe(tick)
+        threading.Thread(target=_report_stalls, args=(loop, last_tick, STALL_REPORT_S),
+                         name="stall-report", daemon=True).start()
         return
 
     def run() -> None:
@@ -93,6 +103,20 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None) -> None:
             _beat(path)
             threading.Event().wait(HEARTBEAT_S)
     threading.Thread(target=run, name="heartbeat", daemon=True).start()
+
+
+def _report_stalls(loop: asyncio.AbstractEventLoop, last_tick: list[float], after_s: float) -> None:
+    """Write every thread's stack once per stall of `loop` (which updates `last_tick[0]`)."""
+    reported = None
+    while not loop.is_closed():
+        time.sleep(after_s / 4)
+        tick = last_tick[0]
+        if time.monotonic() - tick < after_s or reported == tick:
+            continue
+        reported = tick
+        print(f"omni stub {os.getpid()}: event loop stalled for {time.monotonic() - tick:.1f} s; "
+              "thread stacks follow", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
 
 def exit_after_finalize(code: int = 0) -> None:
