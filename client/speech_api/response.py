@@ -16,11 +16,14 @@ log = logging.getLogger("omni.speech_api")
 
 
 class AudioStreamResponse(Response):
-    """Subclassing Response only tells FastAPI to pass it through untouched."""
+    """Subclassing Response only tells FastAPI to pass it through untouched. `close` frees what the
+    body holds (its Triton stream, its admission slot) also when the body never started: closing
+    an async generator that never ran skips its `finally` (a client gone before the first write)."""
 
     def __init__(self, body: AsyncIterator[bytes], media_type: str, headers: dict[str, str] | None = None,
-                 status_code: int = 200):
+                 status_code: int = 200, close: Callable[[], Awaitable[None]] | None = None):
         self.body_iterator = body
+        self.close = close
         self.status_code = status_code
         self.background = None
         self.stream_headers = {"content-type": media_type, "cache-control": "no-store", **(headers or {})}
@@ -36,7 +39,11 @@ class AudioStreamResponse(Response):
                 if not task.done():
                     task.cancel()
             await asyncio.gather(streamer, watcher, return_exceptions=True)
-            await self.body_iterator.aclose()
+            try:
+                await self.body_iterator.aclose()
+            finally:
+                if self.close is not None:
+                    await self.close()
         if streamer in done and not streamer.cancelled() and streamer.exception() is not None:
             e = streamer.exception()
             if not isinstance(e, OSError):  # OSError: the client went away during a write

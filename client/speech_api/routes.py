@@ -217,7 +217,7 @@ async def create_speech(request: Request):
     if triton_request.ignored:
         headers["x-omni-ignored-fields"] = ",".join(triton_request.ignored)
     media = SSE_CONTENT_TYPE if speech.stream_format == "sse" else CONTENT_TYPES[speech.response_format]
-    return AudioStreamResponse(synthesis.body(), media_type=media, headers=headers)
+    return AudioStreamResponse(synthesis.body(), media_type=media, headers=headers, close=synthesis.close)
 
 
 @router.post("/v1/chat/completions")
@@ -240,7 +240,8 @@ async def create_chat_completion(request: Request):
     await completion.start()
     headers = {"x-omni-model": pipeline, "x-omni-ttfa-ms": f"{access['ttfa_ms']:.1f}"}
     if chat.stream:
-        return AudioStreamResponse(completion.chunks(), media_type=SSE_CONTENT_TYPE, headers=headers)
+        return AudioStreamResponse(completion.chunks(), media_type=SSE_CONTENT_TYPE, headers=headers,
+                                   close=completion.close)
 
     async def answer() -> tuple[int, dict[str, str], bytes]:
         try:
