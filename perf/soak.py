@@ -8,14 +8,22 @@ qwen3_tts_tiny_random), a transport (gRPC streaming to Triton, or POST /v1/audio
 speech API in a random format), a text of 1-4 sentences and random parameters; a share of the
 requests hang up after their first audio. Every minute a row: requests ended, errors by code,
 p50/p95 time to first audio (TTFA, from sending the request to the first audio chunk / body byte),
-and the resident memory (VmRSS of /proc/<pid>/status) of every process: tritonserver, each Python
-stub (named by its model: its command line holds model_repository/<model>/1/model.py), the
-supervisor, the speech API. RSS is sampled every 5 s and a row shows the minute's lowest sample:
-RSS rises and falls with the work in flight (a hibari sentence needs tens of MB for a moment),
-what a process never gives back shows as a rising floor (a model's RSS sums its stubs: one left
-behind by a reload is memory held too). At the end each process's growth against its value after
-the first minute (minute 2's floor: minute 1's is the idle server); exit status 1 when any grew
-more than --max-growth (5 %), any was restarted or left two stubs, or any request failed.
+and the memory of every process: tritonserver, each Python stub (named by its model: its command
+line holds model_repository/<model>/1/model.py), the supervisor, the speech API, and the Python
+backend's shared-memory pool.
+
+Memory is counted once per page. A process's own memory is its private resident pages (Private_*
+of /proc/<pid>/smaps outside the pool: heap, stacks, pages of files only it maps). The pool is every stub's
+`/dev/shm` region, allocated pages (a region grows when a model has more tensors in flight than it
+holds, and never shrinks). RSS is shown too, but it counts a shared page once per mapping: the
+server and a stub both map each region, and a region that grew is mapped again whole (2.51 keeps
+the old mappings), so RSS rises as the same pages are touched through one more mapping although
+nothing was allocated. Sampled every 5 s; a row shows the minute's lowest sample: memory rises and
+falls with the work in flight (a hibari sentence needs tens of MB for a moment), what a process
+never gives back shows as a rising floor (a model sums its stubs: one left behind by a reload is
+memory held too). At the end each one's growth against its value after the first minute (minute
+2's floor: minute 1's is the idle server); exit status 1 when any grew more than --max-growth
+(5 %), any was restarted or left two stubs, or any request failed.
 
 Not a test (it takes half an hour); logs go to a temporary folder printed at the start.
 """
@@ -49,6 +57,8 @@ WORDS = ("the quick brown fox jumps over a lazy dog while she sells sea shells b
          "people paid to hear it read aloud streaming servers speak clearly tonight about memory "
          "zorblax quintessential flibbertigibbet Triton inference").split()
 STUB_MODEL = re.compile(r"model_repository/([^/\s]+)/1/model\.py")
+SHM_PREFIX = b"triton_python_backend_shm_region_"
+POOL = "shm_pool"
 
 
 def sentence_text(rng: random.Random) -> str:
@@ -175,13 +185,21 @@ def process_name(pid: int) -> str | None:
 
 
 def status_kb(pid: int) -> dict[str, int]:
-    """VmRSS and its parts (RssAnon, RssFile, RssShmem) and VmHWM, in KiB."""
+    """Private (own pages), VmRSS and its parts (RssAnon, RssShmem) and VmHWM, in KiB."""
     out = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssShmem"):
                 out[key] = int(value.split()[0])
+        out["Private"] = 0
+        in_pool = False
+        for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if " " in key or "-" in key:   # a mapping's header line: the pool's are counted apart
+                in_pool = SHM_PREFIX.decode() in line
+            elif key in ("Private_Clean", "Private_Dirty") and not in_pool:
+                out["Private"] += int(value.split()[0])
     except OSError:
         pass
     return out
@@ -204,6 +222,20 @@ def status_sum(pids: tuple[int, ...]) -> dict[str, int]:
     for pid in pids:
         total.update(status_kb(pid))
     return dict(total)
+
+
+def shm_pool_kb(pids: list[int]) -> dict[str, int]:
+    """The allocated pages (KiB) of the shared-memory regions of these stubs (each stub's region
+    is its second argument), as Private: the pool's row is judged like a process."""
+    total = 0
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            region = next(a.decode() for a in argv[1:3] if a.startswith(SHM_PREFIX))
+            total += os.stat(f"/dev/shm/{region}").st_blocks // 2
+        except (OSError, StopIteration):
+            continue
+    return {"Private": total, "VmRSS": total}
 
 
 def pct(values: list[float], p: float) -> float:
@@ -237,12 +269,15 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
             floor: dict[str, dict[str, int]] = {}
             while True:
                 now = processes(server.proc.pid, shim.proc.pid)
+                samples = {POOL: shm_pool_kb([pid for name, pid_set in now.items() if name not in
+                                              ("speech_api", "supervisor", "tritonserver") for pid in pid_set])}
                 for name, pid_set in now.items():
                     if name in pids and pids[name] != pid_set:
                         restarts[name] += 1      # a new process: its memory starts over
                     pids[name] = pid_set
-                    st = status_sum(pid_set)
-                    if st and st.get("VmRSS", 0) < floor.get(name, {}).get("VmRSS", 1 << 62):
+                    samples[name] = status_sum(pid_set)
+                for name, st in samples.items():
+                    if st and st.get("Private", 0) < floor.get(name, {}).get("Private", 1 << 62):
                         floor[name] = st
                 left = start + minute * args.interval_s - time.monotonic()
                 if left <= 0:
@@ -252,10 +287,12 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
                 if t.done() and t.exception():
                     raise t.exception()
             if not names:
-                names = sorted(now, key=lambda n: (n not in ("tritonserver", "supervisor"), n == "speech_api", n))
+                names = sorted([*now, POOL], key=lambda n: (n not in ("tritonserver", "supervisor"),
+                                                           n in ("speech_api", POOL), n))
                 print(f"{'min':>3} {'reqs':>5} {'p50 ms':>7} {'p95 ms':>7}  "
                       + " ".join(f"{n:>{max(8, len(n))}}" for n in names)
-                      + f"  errors  (RSS MB: lowest of the minute's {args.sample_s:g} s samples)", flush=True)
+                      + f"  errors  (private MB, the pool's allocated MB: lowest of the minute's "
+                      f"{args.sample_s:g} s samples)", flush=True)
             window = load.outcomes[seen:]
             seen += len(window)
             ttfas = [o.ttfa_s * 1e3 for o in window if o.ttfa_s is not None]
@@ -264,7 +301,7 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
             requests_total += len(window)
             rows.append({n: floor.get(n, {}) for n in names})
             print(f"{minute:>3} {len(window):>5} {pct(ttfas, 50):>7.0f} {pct(ttfas, 95):>7.0f}  "
-                  + " ".join(f"{rows[-1][n].get('VmRSS', 0) / 1024:>{max(8, len(n))}.1f}" for n in names)
+                  + " ".join(f"{rows[-1][n].get('Private', 0) / 1024:>{max(8, len(n))}.1f}" for n in names)
                   + "  " + (" ".join(f"{k}={v}" for k, v in sorted(errs.items())) or "-"), flush=True)
     except asyncio.CancelledError:   # SIGTERM or Ctrl-C: report what was measured
         interrupted = True
@@ -283,21 +320,23 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
         # The first minute's floor is the idle server before the load arrived: the baseline is
         # the value after the first minute (minute 2's floor).
         base = 1 if len(rows) >= 3 else 0
-        # anon: the process's own heap; shmem: the Python backend's shared-memory regions it touched
-        print(f"\n{'process':<40} {f'min {base + 1} MB':>9} {'last MB':>9} {'growth':>8} {'peak MB':>9} "
-              f"{'anon MB':>18} {'shmem MB':>16}")
+        # private: what the process alone holds; RSS (for reference) counts shared pages per mapping
+        print(f"\n{'process':<40} {f'min {base + 1} MB':>9} {'last MB':>9} {'growth':>8} "
+              f"{'RSS MB':>16} {'RSS anon MB':>16} {'RSS shmem MB':>16}")
         for n in names:
             first, last = rows[base][n], rows[-1][n]
-            rss0, rss1 = first.get("VmRSS", 0), last.get("VmRSS", 0)
-            growth = (rss1 - rss0) / rss0 * 100 if rss0 else float("nan")
-            over = not rss0 or growth > args.max_growth or restarts[n] > 0 or len(pids.get(n, ())) > 1
+            own0, own1 = first.get("Private", 0), last.get("Private", 0)
+            growth = (own1 - own0) / own0 * 100 if own0 else float("nan")
+            over = not own0 or growth > args.max_growth or restarts[n] > 0 or len(pids.get(n, ())) > 1
             failed |= over
             note = (f"  pids changed x{restarts[n]}" if restarts[n] else "") \
                 + (f"  {len(pids[n])} processes" if len(pids.get(n, ())) > 1 else "") + ("  <- grew" if over else "")
-            anon = f"{first.get('RssAnon', 0) / 1024:.1f} -> {last.get('RssAnon', 0) / 1024:.1f}"
-            shmem = f"{first.get('RssShmem', 0) / 1024:.1f} -> {last.get('RssShmem', 0) / 1024:.1f}"
-            print(f"{n:<40} {rss0 / 1024:>9.1f} {rss1 / 1024:>9.1f} {growth:>7.1f}% "
-                  f"{last.get('VmHWM', 0) / 1024:>9.1f} {anon:>18} {shmem:>16}{note}")
+            rss, anon, shmem = (f"{first.get(k, 0) / 1024:.1f} -> {last.get(k, 0) / 1024:.1f}"
+                                for k in ("VmRSS", "RssAnon", "RssShmem"))
+            if n == POOL:
+                rss = anon = shmem = ""
+            print(f"{n:<40} {own0 / 1024:>9.1f} {own1 / 1024:>9.1f} {growth:>7.1f}% "
+                  f"{rss:>16} {anon:>16} {shmem:>16}{note}")
     return 1 if failed else 0
 
 
