@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Iterator
 import numpy as np
 
 from omni_backend.errors import error_code, with_code
+from omni_backend.grpc_streams import end_stream
 
 # Triton's own checks of a request's tensors, made before the entry model sees it (wrong dtype,
 # wrong shape, an input the model does not have, ...). They carry no code; the tensor they name
@@ -162,6 +163,7 @@ def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None 
         client = grpcclient.InferenceServerClient(url)
     except InferenceServerException as e:   # e.g. an address gRPC cannot parse
         raise _error(e) from None
+    complete = False
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         try:
@@ -180,6 +182,7 @@ def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None 
             except queue.Empty:
                 raise TritonStreamError(f"unavailable: no response from {url} within {timeout_s:g} s") from None
             part, final = _parse(*item)
+            complete = final
             if part is not None:
                 yield part
             if final:
@@ -187,7 +190,8 @@ def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None 
     except InferenceServerException as e:
         raise _error(e) from None
     finally:
-        client.stop_stream(cancel_requests=True)
+        # a complete request's stream is closed, not cancelled (see end_stream)
+        client.stop_stream(cancel_requests=not complete)
         client.close()
 
 
@@ -241,9 +245,11 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
         responses = client.stream_infer(inputs_iterator=requests())
     except InferenceServerException as e:
         raise _error(e) from None
+    complete = False
     try:
         async for result, error in responses:
             part, final = _parse(result, error)
+            complete = final
             if part is not None:
                 yield part
             if final:
@@ -258,4 +264,4 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
             raise
         raise TritonStreamError("unavailable: the gRPC stream to Triton was cancelled") from None
     finally:
-        responses.cancel()
+        await end_stream(responses, complete)

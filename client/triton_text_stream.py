@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 
 from client.triton_stream import TritonStreamError, _error, _inputs, astream
+from omni_backend.grpc_streams import end_stream
 
 STREAMING_INPUT = "streaming_input"
 
@@ -93,14 +94,16 @@ class TextInputStream:
             responses = self.client.stream_infer(inputs_iterator=requests())
         except InferenceServerException as e:
             raise _error(e) from None
+        complete = False
         try:
             async for result, error in responses:
                 if error is not None:
                     raise _error(error)
                 if result.get_response().parameters["triton_final_response"].bool_param:
+                    complete = True
                     break
         finally:
-            responses.cancel()
+            await end_stream(responses, complete)
         if end:
             self._sent_end = True
 

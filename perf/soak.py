@@ -12,13 +12,14 @@ and the memory of every process: tritonserver, each Python stub (named by its mo
 line holds model_repository/<model>/1/model.py), the supervisor, the speech API, and the Python
 backend's shared-memory pool.
 
-Memory is counted once per page. A process's own memory is its private resident pages (Private_*
-of /proc/<pid>/smaps outside the pool: heap, stacks, pages of files only it maps). The pool is every stub's
-`/dev/shm` region, allocated pages (a region grows when a model has more tensors in flight than it
-holds, and never shrinks). RSS is shown too, but it counts a shared page once per mapping: the
-server and a stub both map each region, and a region that grew is mapped again whole (2.51 keeps
-the old mappings), so RSS rises as the same pages are touched through one more mapping although
-nothing was allocated. Sampled every 5 s; a row shows the minute's lowest sample: memory rises and
+Memory is counted once per page. A process's own memory is its anonymous resident pages (RssAnon:
+heap, stacks; its file pages are libraries and weights shared with other processes, which move
+between private and shared as other processes touch them). The pool is every stub's `/dev/shm`
+region, allocated pages (a region grows when a model has more tensors in flight than it holds, and
+never shrinks). RSS is shown too, but it counts a shared page once per mapping: the server and a
+stub both map each region, and a region that grew is mapped again whole (2.51 keeps the old
+mappings), so RSS rises as the same pages are touched through one more mapping although nothing
+was allocated. Sampled every 5 s; a row shows the minute's lowest sample: memory rises and
 falls with the work in flight (a hibari sentence needs tens of MB for a moment), what a process
 never gives back shows as a rising floor (a model sums its stubs: one left behind by a reload is
 memory held too). At the end each one's growth against its value after the first minute (minute
@@ -226,7 +227,7 @@ def status_sum(pids: tuple[int, ...]) -> dict[str, int]:
 
 def shm_pool_kb(pids: list[int]) -> dict[str, int]:
     """The allocated pages (KiB) of the shared-memory regions of these stubs (each stub's region
-    is its second argument), as Private: the pool's row is judged like a process."""
+    is its second argument), as RssAnon: the pool's row is judged like a process."""
     total = 0
     for pid in pids:
         try:
@@ -235,7 +236,7 @@ def shm_pool_kb(pids: list[int]) -> dict[str, int]:
             total += os.stat(f"/dev/shm/{region}").st_blocks // 2
         except (OSError, StopIteration):
             continue
-    return {"Private": total, "VmRSS": total}
+    return {"RssAnon": total, "VmRSS": total}
 
 
 def pct(values: list[float], p: float) -> float:
@@ -277,7 +278,7 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
                     pids[name] = pid_set
                     samples[name] = status_sum(pid_set)
                 for name, st in samples.items():
-                    if st and st.get("Private", 0) < floor.get(name, {}).get("Private", 1 << 62):
+                    if st and st.get("RssAnon", 0) < floor.get(name, {}).get("RssAnon", 1 << 62):
                         floor[name] = st
                 left = start + minute * args.interval_s - time.monotonic()
                 if left <= 0:
@@ -291,7 +292,7 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
                                                            n in ("speech_api", POOL), n))
                 print(f"{'min':>3} {'reqs':>5} {'p50 ms':>7} {'p95 ms':>7}  "
                       + " ".join(f"{n:>{max(8, len(n))}}" for n in names)
-                      + f"  errors  (private MB, the pool's allocated MB: lowest of the minute's "
+                      + f"  errors  (anonymous MB, the pool's allocated MB: lowest of the minute's "
                       f"{args.sample_s:g} s samples)", flush=True)
             window = load.outcomes[seen:]
             seen += len(window)
@@ -301,7 +302,7 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
             requests_total += len(window)
             rows.append({n: floor.get(n, {}) for n in names})
             print(f"{minute:>3} {len(window):>5} {pct(ttfas, 50):>7.0f} {pct(ttfas, 95):>7.0f}  "
-                  + " ".join(f"{rows[-1][n].get('Private', 0) / 1024:>{max(8, len(n))}.1f}" for n in names)
+                  + " ".join(f"{rows[-1][n].get('RssAnon', 0) / 1024:>{max(8, len(n))}.1f}" for n in names)
                   + "  " + (" ".join(f"{k}={v}" for k, v in sorted(errs.items())) or "-"), flush=True)
     except asyncio.CancelledError:   # SIGTERM or Ctrl-C: report what was measured
         interrupted = True
@@ -320,23 +321,23 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
         # The first minute's floor is the idle server before the load arrived: the baseline is
         # the value after the first minute (minute 2's floor).
         base = 1 if len(rows) >= 3 else 0
-        # private: what the process alone holds; RSS (for reference) counts shared pages per mapping
+        # anonymous: what the process itself allocated; RSS (for reference) counts shared pages per mapping
         print(f"\n{'process':<40} {f'min {base + 1} MB':>9} {'last MB':>9} {'growth':>8} "
-              f"{'RSS MB':>16} {'RSS anon MB':>16} {'RSS shmem MB':>16}")
+              f"{'RSS MB':>16} {'private MB':>16} {'RSS shmem MB':>16}")
         for n in names:
             first, last = rows[base][n], rows[-1][n]
-            own0, own1 = first.get("Private", 0), last.get("Private", 0)
+            own0, own1 = first.get("RssAnon", 0), last.get("RssAnon", 0)
             growth = (own1 - own0) / own0 * 100 if own0 else float("nan")
             over = not own0 or growth > args.max_growth or restarts[n] > 0 or len(pids.get(n, ())) > 1
             failed |= over
             note = (f"  pids changed x{restarts[n]}" if restarts[n] else "") \
                 + (f"  {len(pids[n])} processes" if len(pids.get(n, ())) > 1 else "") + ("  <- grew" if over else "")
-            rss, anon, shmem = (f"{first.get(k, 0) / 1024:.1f} -> {last.get(k, 0) / 1024:.1f}"
-                                for k in ("VmRSS", "RssAnon", "RssShmem"))
+            rss, private, shmem = (f"{first.get(k, 0) / 1024:.1f} -> {last.get(k, 0) / 1024:.1f}"
+                                   for k in ("VmRSS", "Private", "RssShmem"))
             if n == POOL:
-                rss = anon = shmem = ""
+                rss = private = shmem = ""
             print(f"{n:<40} {own0 / 1024:>9.1f} {own1 / 1024:>9.1f} {growth:>7.1f}% "
-                  f"{rss:>16} {anon:>16} {shmem:>16}{note}")
+                  f"{rss:>16} {private:>16} {shmem:>16}{note}")
     return 1 if failed else 0
 
 

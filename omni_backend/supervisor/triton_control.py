@@ -12,6 +12,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcaio
 
 from omni_backend.errors import with_code
+from omni_backend.grpc_streams import end_stream
 
 
 @dataclass
@@ -98,18 +99,20 @@ class TritonControl:
                    "parameters": {"triton_enable_empty_final_response": True}}
 
         responses = self.client.stream_infer(inputs_iterator=requests(), stream_timeout=timeout_s)
+        complete = False
         try:
             async for result, error in responses:
                 if error is not None:
                     raise PingFailed(with_code(str(error.message() if hasattr(error, "message") else error)))
                 if result.get_response().parameters["triton_final_response"].bool_param:
+                    complete = True
                     return
         except PingFailed:
             raise
         except Exception as e:  # noqa: BLE001 - a timeout, a reset stream: no answer
             raise PingFailed(f"unavailable: {entry}: no answer ({type(e).__name__}: {e})") from None
         finally:
-            responses.cancel()
+            await end_stream(responses, complete)
         raise PingFailed(f"unavailable: {entry}: the stream ended without an answer")
 
     async def ping(self, pipeline: Pipeline, timeout_s: float) -> None:

@@ -1,0 +1,24 @@
+"""How a client ends a gRPC stream to Triton (`tritonclient.grpc.aio` `stream_infer`)."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+async def end_stream(responses: Any, complete: bool, timeout_s: float = 2.0) -> None:
+    """End a `tritonclient.grpc.aio` `stream_infer` call whose request iterator has ended (the
+    call is half-closed). A complete request (its final response arrived) is left for Triton to
+    end the stream: a cancelled stream leaves some of its state in tritonserver 2.51 (3-20 KB per
+    stream, for good: tritonserver's heap grew 65 -> 133 MB over a 30-minute soak when every
+    stream was cancelled, even after its final response). One still running is cancelled: that
+    is how Triton learns the client left."""
+    if complete:
+        async def rest() -> None:
+            async for _ in responses:
+                pass
+        try:
+            await asyncio.wait_for(rest(), timeout_s)
+            return
+        except Exception:  # noqa: BLE001 - not ended in time, or ended with an error: cancel it
+            pass
+    responses.cancel()

@@ -1,0 +1,48 @@
+"""A client's gRPC stream to Triton: a complete request's stream is left for Triton to end (a
+cancelled one leaves state in tritonserver 2.51); one still running, or one that does not end, is
+cancelled."""
+from __future__ import annotations
+
+import asyncio
+
+from omni_backend.grpc_streams import end_stream
+
+
+class Call:
+    """The part of a `stream_infer` call that end_stream uses: iteration and cancel()."""
+
+    def __init__(self, rest: int, hang: bool = False):
+        self.rest, self.hang, self.cancelled, self.read = rest, hang, False, 0
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.rest == 0:
+            if self.hang:
+                await asyncio.sleep(3600)
+            raise StopAsyncIteration
+        self.rest -= 1
+        self.read += 1
+        return None, None
+
+
+def test_a_complete_stream_is_read_to_its_end_not_cancelled():
+    call = Call(rest=1)   # what the server sends after the final response, then its status
+    asyncio.run(end_stream(call, complete=True))
+    assert call.read == 1 and not call.cancelled
+
+
+def test_a_running_stream_is_cancelled():
+    call = Call(rest=5)
+    asyncio.run(end_stream(call, complete=False))
+    assert call.cancelled and call.read == 0
+
+
+def test_a_complete_stream_that_does_not_end_is_cancelled_after_the_timeout():
+    call = Call(rest=0, hang=True)
+    asyncio.run(end_stream(call, complete=True, timeout_s=0.1))
+    assert call.cancelled
