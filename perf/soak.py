@@ -186,21 +186,13 @@ def process_name(pid: int) -> str | None:
 
 
 def status_kb(pid: int) -> dict[str, int]:
-    """Private (own pages), VmRSS and its parts (RssAnon, RssShmem) and VmHWM, in KiB."""
+    """VmRSS and its parts (RssAnon, RssShmem) and VmHWM, in KiB."""
     out = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             key, _, value = line.partition(":")
             if key in ("VmRSS", "VmHWM", "RssAnon", "RssShmem"):
                 out[key] = int(value.split()[0])
-        out["Private"] = 0
-        in_pool = False
-        for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if " " in key or "-" in key:   # a mapping's header line: the pool's are counted apart
-                in_pool = SHM_PREFIX.decode() in line
-            elif key in ("Private_Clean", "Private_Dirty") and not in_pool:
-                out["Private"] += int(value.split()[0])
     except OSError:
         pass
     return out
@@ -323,7 +315,7 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
         base = 1 if len(rows) >= 3 else 0
         # anonymous: what the process itself allocated; RSS (for reference) counts shared pages per mapping
         print(f"\n{'process':<40} {f'min {base + 1} MB':>9} {'last MB':>9} {'growth':>8} "
-              f"{'RSS MB':>16} {'private MB':>16} {'RSS shmem MB':>16}")
+              f"{'RSS MB':>16} {'RSS shmem MB':>16}")
         for n in names:
             first, last = rows[base][n], rows[-1][n]
             own0, own1 = first.get("RssAnon", 0), last.get("RssAnon", 0)
@@ -332,12 +324,12 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
             failed |= over
             note = (f"  pids changed x{restarts[n]}" if restarts[n] else "") \
                 + (f"  {len(pids[n])} processes" if len(pids.get(n, ())) > 1 else "") + ("  <- grew" if over else "")
-            rss, private, shmem = (f"{first.get(k, 0) / 1024:.1f} -> {last.get(k, 0) / 1024:.1f}"
-                                   for k in ("VmRSS", "Private", "RssShmem"))
+            rss, shmem = (f"{first.get(k, 0) / 1024:.1f} -> {last.get(k, 0) / 1024:.1f}"
+                          for k in ("VmRSS", "RssShmem"))
             if n == POOL:
-                rss = private = shmem = ""
+                rss = shmem = ""
             print(f"{n:<40} {own0 / 1024:>9.1f} {own1 / 1024:>9.1f} {growth:>7.1f}% "
-                  f"{rss:>16} {private:>16} {shmem:>16}{note}")
+                  f"{rss:>16} {shmem:>16}{note}")
     return 1 if failed else 0
 
 
