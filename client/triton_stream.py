@@ -13,6 +13,7 @@ import json
 import queue
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator
 
@@ -27,6 +28,9 @@ from omni_backend.grpc_streams import end_stream
 _TRITON_BAD_INPUT = (re.compile(r"missing required input\(s\) \['(?P<name>[A-Za-z0-9_]+)'"),
                      re.compile(r"input '(?P<name>[A-Za-z0-9_]+)'"))
 # gRPC status codes (tritonclient's `status()`) that mean "the server cannot be reached now".
+# The aio client's request dicts take no `enable_empty_final_response`: without this parameter a
+# stream's flag-only final response is never sent, and the client cannot tell it has everything.
+EMPTY_FINAL = {"triton_enable_empty_final_response": True}
 _GRPC_UNAVAILABLE = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.CANCELLED")
 
 
@@ -213,14 +217,15 @@ def synthesize(url: str, model: str, text: str, params: dict[str, Any] | None = 
 
 
 async def astream(client: Any, model: str, text: str, params: dict[str, Any] | None = None,
-                  request_id: str = "") -> AsyncIterator[tuple[np.ndarray, int]]:
+                  request_id: str = "", unique_id: bool = False) -> AsyncIterator[tuple[np.ndarray, int]]:
     """Async variant over a shared `tritonclient.grpc.aio.InferenceServerClient`; (audio chunk,
     sample rate) as they arrive, skipping responses without audio (`astream_parts` gives them).
 
-    Closing the generator early (client gone) ends the gRPC stream, which cancels the request
-    in Triton and, through the entry model, frees the engine slot.
+    Closing the generator early (client gone) ends the request in Triton, which frees the engine
+    slot: a control request asks the entry model to end it when its request id is known to be
+    unique (`unique_id`, or none given: one is made), otherwise the gRPC stream is cancelled.
     """
-    parts = astream_parts(client, model, text, params, request_id)
+    parts = astream_parts(client, model, text, params, request_id, unique_id)
     try:
         async for part in parts:
             if part.audio is not None:
@@ -230,30 +235,39 @@ async def astream(client: Any, model: str, text: str, params: dict[str, Any] | N
 
 
 async def astream_parts(client: Any, model: str, text: str, params: dict[str, Any] | None = None,
-                        request_id: str = "") -> AsyncIterator[StreamPart]:
+                        request_id: str = "", unique_id: bool = False) -> AsyncIterator[StreamPart]:
     """Every response's part (audio and/or other outputs) in arrival order; see `astream`."""
     import tritonclient.grpc.aio as aioclient
     from tritonclient.utils import InferenceServerException
 
     inputs = _inputs(aioclient, text, params)
+    if not request_id:
+        request_id, unique_id = f"stream-{uuid.uuid4().hex}", True
+
+    async def ask_to_end() -> None:
+        await acontrol(client, model, "cancel", f"{request_id}-cancel", params={"request_id": request_id})
 
     async def requests():
         yield {"model_name": model, "inputs": inputs, "request_id": request_id,
-               "enable_empty_final_response": True}
+               "parameters": EMPTY_FINAL}
 
     try:
         responses = client.stream_infer(inputs_iterator=requests())
     except InferenceServerException as e:
         raise _error(e) from None
-    complete = False
+    complete = False   # the request is over: its final response, an error, the call's end
+    failed = False     # the call itself failed: nobody to ask
     try:
         async for result, error in responses:
+            if error is not None:
+                complete = True   # an error response ends the request
             part, final = _parse(result, error)
             complete = final
             if part is not None:
                 yield part
             if final:
                 return
+        complete = True   # the call ended: nothing is left to end
     except asyncio.CancelledError:
         # grpc.aio reports a call cancelled by anyone (a closed channel, a failed request
         # iterator) as CancelledError; only our own task's cancellation may propagate as one,
@@ -262,6 +276,45 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
         cancelling = getattr(task, "cancelling", None)   # Python >= 3.11
         if cancelling is None or cancelling():
             raise
+        failed = True
         raise TritonStreamError("unavailable: the gRPC stream to Triton was cancelled") from None
+    except Exception:
+        failed = True
+        raise
+    finally:
+        # the consumer left a running request: ask the entry to end it, by its id, when no other
+        # stream can have that id; otherwise (or when that fails) the call is cancelled
+        await end_stream(responses, complete,
+                         ask_to_end=ask_to_end if unique_id and not failed else None)
+
+
+async def acontrol(client: Any, model: str, command: str, request_id: str, text: str = "",
+                   params: dict[str, Any] | None = None) -> None:
+    """One CONTROL request to an entry model (`append`, `cancel`, ...), on a call of its own;
+    returns once it is answered, raises its error as a `TritonStreamError`."""
+    import tritonclient.grpc.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+
+    control = aioclient.InferInput("CONTROL", [1], "BYTES")
+    control.set_data_from_numpy(np.array([command.encode()], dtype=np.object_))
+    inputs = [*_inputs(aioclient, text, params), control]
+
+    async def requests():
+        yield {"model_name": model, "inputs": inputs, "request_id": request_id,
+               "parameters": EMPTY_FINAL}
+
+    try:
+        responses = client.stream_infer(inputs_iterator=requests())
+    except InferenceServerException as e:
+        raise _error(e) from None
+    complete = False
+    try:
+        async for result, error in responses:
+            if error is not None:
+                complete = True   # the answer: an error ends the request
+                raise _error(error)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        complete = True
     finally:
         await end_stream(responses, complete)

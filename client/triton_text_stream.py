@@ -23,8 +23,7 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from client.triton_stream import TritonStreamError, _error, _inputs, astream
-from omni_backend.grpc_streams import end_stream
+from client.triton_stream import TritonStreamError, acontrol, astream
 
 STREAMING_INPUT = "streaming_input"
 
@@ -77,33 +76,9 @@ class TextInputStream:
             await self._send(piece, self.ended)
 
     async def _send(self, piece: str, end: bool) -> None:
-        import tritonclient.grpc.aio as aioclient
-        from tritonclient.utils import InferenceServerException
-
         self._appends += 1
-        inputs = _inputs(aioclient, piece, {"request_id": self.request_id, "end": end})
-        control = aioclient.InferInput("CONTROL", [1], "BYTES")
-        control.set_data_from_numpy(np.array([b"append"], dtype=np.object_))
-        request_id = f"{self.request_id}-append-{self._appends}"
-
-        async def requests():
-            yield {"model_name": self.model, "inputs": [*inputs, control], "request_id": request_id,
-                   "enable_empty_final_response": True}
-
-        try:
-            responses = self.client.stream_infer(inputs_iterator=requests())
-        except InferenceServerException as e:
-            raise _error(e) from None
-        complete = False
-        try:
-            async for result, error in responses:
-                if error is not None:
-                    raise _error(error)
-                if result.get_response().parameters["triton_final_response"].bool_param:
-                    complete = True
-                    break
-        finally:
-            await end_stream(responses, complete)
+        await acontrol(self.client, self.model, "append", f"{self.request_id}-append-{self._appends}",
+                       piece, {"request_id": self.request_id, "end": end})
         if end:
             self._sent_end = True
 

@@ -6,9 +6,10 @@ Starts a tritonserver on a hibari-only repository (no supervisor pings, so nothi
 warms it up, then sends rounds of requests one after another and prints, per round, the growth of
 tritonserver's anonymous memory (RssAnon) per request: whole requests through `client.triton_stream`
 (the stream left for Triton to end after the final response), the same with the stream cancelled
-after the final response (what the clients did before), and hang-ups after the first audio (the
-stream cancelled mid-request, as a client that leaves must). Not a test: the figures depend on the
-allocator and the machine.
+after the final response (what the clients did before), and hang-ups after the first audio, ended
+by a cancel request to the entry (what `client.triton_stream` does with a stream id of its own)
+or by cancelling the gRPC stream (with a caller's id, which may repeat). Not a test: the figures
+depend on the allocator and the machine.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "perf"))
 
 from client.triton_process import TritonProcess  # noqa: E402
-from client.triton_stream import _inputs, astream  # noqa: E402
+from client.triton_stream import EMPTY_FINAL, _inputs, astream  # noqa: E402
 from soak import status_kb  # noqa: E402
 from tests.system.speech_api_helpers import hibari_repository  # noqa: E402
 
@@ -44,7 +45,7 @@ async def rounds(server: TritonProcess, n: int) -> None:
     async def cancelled_after_final() -> None:
         async def requests():
             yield {"model_name": "hibari", "inputs": _inputs(aioclient, ONE, None),
-                   "enable_empty_final_response": True}
+                   "parameters": EMPTY_FINAL}
         responses = client.stream_infer(inputs_iterator=requests())
         try:
             async for result, error in responses:
@@ -53,26 +54,31 @@ async def rounds(server: TritonProcess, n: int) -> None:
         finally:
             responses.cancel()
 
-    async def hang_up() -> None:
-        stream = astream(client, "hibari", FOUR)
+    async def hang_up(request_id: str = "") -> None:
+        # no id: `astream` makes a unique one and ends the stream by a cancel request to the entry
+        stream = astream(client, "hibari", FOUR, None, request_id)
         async for _ in stream:
             break
         await stream.aclose()
 
+    async def hang_up_cancelled() -> None:
+        await hang_up("caller-given-id")   # an id that may repeat: the gRPC stream is cancelled
+
     def anon_kb() -> int:
         return status_kb(server.server_pid).get("RssAnon", 0)
 
-    print(f"{'round':<34} {'requests':>8} {'s':>6} {'anon MB':>16} {'KB/request':>10}")
+    print(f"{'round':<36} {'requests':>8} {'s':>6} {'anon MB':>16} {'KB/request':>10}")
     plan = [("warm-up (whole)", whole)] + [
         ("whole, Triton ends the stream", whole), ("whole, cancelled after the final", cancelled_after_final),
-        ("hang-up after the first audio", hang_up)] * 2
+        ("hang-up, ended by a cancel request", hang_up),
+        ("hang-up, gRPC stream cancelled", hang_up_cancelled)] * 2
     for name, one in plan:
         a0, t0 = anon_kb(), time.monotonic()
         for _ in range(n):
             await one()
         await asyncio.sleep(2)
         a1 = anon_kb()
-        print(f"{name:<34} {n:>8} {time.monotonic() - t0:>6.1f} {f'{a0 / 1024:.1f} -> {a1 / 1024:.1f}':>16} "
+        print(f"{name:<36} {n:>8} {time.monotonic() - t0:>6.1f} {f'{a0 / 1024:.1f} -> {a1 / 1024:.1f}':>16} "
               f"{(a1 - a0) / n:>10.2f}", flush=True)
     await client.close()
 

@@ -22,9 +22,11 @@ mappings), so RSS rises as the same pages are touched through one more mapping a
 was allocated. Sampled every 5 s; a row shows the minute's lowest sample: memory rises and
 falls with the work in flight (a hibari sentence needs tens of MB for a moment), what a process
 never gives back shows as a rising floor (a model sums its stubs: one left behind by a reload is
-memory held too). At the end each one's growth against its value after the first minute (minute
-2's floor: minute 1's is the idle server); exit status 1 when any grew more than --max-growth
-(5 %), any was restarted or left two stubs, or any request failed.
+memory held too). At the end each one's growth from its value after the first minute to the end:
+the lowest over minutes 2-6 against the lowest over the last 5 (`--window`; minute 1 is the idle
+server; a busy process's floor still moves by several MB from one minute to the next), with the
+single minutes' change beside it; exit status 1 when any grew more than --max-growth (5 %), any
+was restarted or left two stubs, or any request failed.
 
 Not a test (it takes half an hour); logs go to a temporary folder printed at the start.
 """
@@ -311,24 +313,34 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
           + (" ".join(f"{k}={v}" for k, v in sorted(errors_total.items())) or "none"))
     if len(rows) >= 2:
         # The first minute's floor is the idle server before the load arrived: the baseline is
-        # the value after the first minute (minute 2's floor).
+        # the value after the first minute. A busy process's floor still moves with the work in
+        # flight from minute to minute (the speech API's by +-10 MB), so each end is the lowest of
+        # a window of minutes: minutes 2.. against the last ones; a leak raises the later floor.
         base = 1 if len(rows) >= 3 else 0
+        width = max(1, min(args.window, (len(rows) - base) // 2))
+        early, late = rows[base:base + width], rows[-width:]
+        span = (f"min {base + 1}" if width == 1 else f"min {base + 1}-{base + width}",
+                f"min {len(rows)}" if width == 1 else f"min {len(rows) - width + 1}-{len(rows)}")
+
+        def low(window: list[dict[str, dict[str, int]]], n: str, key: str = "RssAnon") -> int:
+            return min((row[n].get(key, 0) for row in window if row[n].get(key)), default=0)
         # anonymous: what the process itself allocated; RSS (for reference) counts shared pages per mapping
-        print(f"\n{'process':<40} {f'min {base + 1} MB':>9} {'last MB':>9} {'growth':>8} "
-              f"{'RSS MB':>16} {'RSS shmem MB':>16}")
+        print(f"\n{'process':<40} {span[0] + ' MB':>12} {span[1] + ' MB':>12} {'growth':>8} "
+              f"{'minute to minute':>18} {'RSS MB':>16} {'RSS shmem MB':>16}   (lowest of each window)")
         for n in names:
-            first, last = rows[base][n], rows[-1][n]
-            own0, own1 = first.get("RssAnon", 0), last.get("RssAnon", 0)
+            own0, own1 = low(early, n), low(late, n)
             growth = (own1 - own0) / own0 * 100 if own0 else float("nan")
+            first, last = rows[base][n].get("RssAnon", 0), rows[-1][n].get("RssAnon", 0)
+            single = f"{(last - first) / first * 100:+.1f}%" if first else "-"
             over = not own0 or growth > args.max_growth or restarts[n] > 0 or len(pids.get(n, ())) > 1
             failed |= over
             note = (f"  pids changed x{restarts[n]}" if restarts[n] else "") \
                 + (f"  {len(pids[n])} processes" if len(pids.get(n, ())) > 1 else "") + ("  <- grew" if over else "")
-            rss, shmem = (f"{first.get(k, 0) / 1024:.1f} -> {last.get(k, 0) / 1024:.1f}"
+            rss, shmem = (f"{low(early, n, k) / 1024:.1f} -> {low(late, n, k) / 1024:.1f}"
                           for k in ("VmRSS", "RssShmem"))
             if n == POOL:
                 rss = shmem = ""
-            print(f"{n:<40} {own0 / 1024:>9.1f} {own1 / 1024:>9.1f} {growth:>7.1f}% "
+            print(f"{n:<40} {own0 / 1024:>12.1f} {own1 / 1024:>12.1f} {growth:>7.1f}% {single:>18} "
                   f"{rss:>16} {shmem:>16}{note}")
     return 1 if failed else 0
 
@@ -343,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-growth", type=float, default=5.0, help="percent over the first minute's RSS")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take")
     ap.add_argument("--interval-s", type=float, default=60.0, help="seconds per row (a minute)")
+    ap.add_argument("--window", type=int, default=5,
+                    help="minutes whose lowest memory is each end of the growth judged (default 5)")
     ap.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -9,6 +9,11 @@ import sys
 from client.speech_api.auth import ENV_VAR, load_api_keys
 from client.speech_api.config import ShimConfig, StreamLimits
 
+# An idle connection closed by the server just as its client sends the next request on it fails
+# that request (the client sees the connection cut). Clients close theirs first when the server
+# waits longer than they do (httpx 5 s, aiohttp 15 s); uvicorn's own default is 5 s.
+KEEP_ALIVE_S = 75
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m client.speech_api", description=__doc__)
@@ -34,10 +39,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="WS /v1/audio/speech/stream: most text in one utterance (default 65536)")
     ap.add_argument("--ws-send-timeout", type=float, default=10.0, metavar="SECONDS",
                     help="WS /v1/audio/speech/stream: cut off a client that takes no audio this long (default 10)")
+    ap.add_argument("--keep-alive", type=int, default=KEEP_ALIVE_S, metavar="SECONDS",
+                    help=f"how long an idle HTTP connection is kept open (default {KEEP_ALIVE_S:g}: longer "
+                         "than clients keep theirs, so a client never sends on a connection being closed)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = ap.parse_args(argv)
     if args.max_streams_per_pipeline < 0:
         ap.error("--max-streams-per-pipeline must be >= 0")
+    if args.keep_alive <= 0:
+        ap.error("--keep-alive must be > 0")
     if args.probe_interval <= 0:
         ap.error("--probe-interval must be > 0")
     if min(args.ws_idle_timeout, args.ws_max_session_s, args.ws_send_timeout) <= 0 or args.ws_max_text_chars < 1:
@@ -65,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                         default_pipeline=args.default_pipeline, probe_interval_s=args.probe_interval,
                         voices_dir=args.voices_dir, stream_limits=limits)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
-                access_log=False, timeout_graceful_shutdown=5)
+                access_log=False, timeout_graceful_shutdown=5, timeout_keep_alive=args.keep_alive)
     return 0
 
 

@@ -22,6 +22,7 @@ import asyncio
 import itertools
 import logging
 import time
+import uuid
 from typing import Any, AsyncIterator
 
 import grpc
@@ -318,7 +319,10 @@ class TritonPool:
                                  f"({'; '.join(f'{e.url}: {e.last_error}' for e in self.endpoints if not e.healthy) or 'model not loaded'})")
             client = ep.acquire()
             ep.last_pick = next(self._picks)
-            source = (astream_parts if parts else astream)(client, pipeline, text, params or None, request_id)
+            # the client's request id may repeat; the stream's own id must not (a client that
+            # leaves ends its stream by naming it)
+            source = (astream_parts if parts else astream)(client, pipeline, text, params or None,
+                                                           f"{request_id}-{uuid.uuid4().hex[:12]}", unique_id=True)
             try:
                 first = await source.__anext__()
             except StopAsyncIteration:

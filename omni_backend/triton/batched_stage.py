@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import PipelineError
 from omni_backend.families import built_model
+from omni_backend.glibc_heaps import release_free_memory_in_background
 from omni_backend.triton import stub_process
 
 Inputs = dict[str, np.ndarray]
@@ -25,6 +26,7 @@ class BatchedStage:
     def initialize(self, args: dict) -> None:
         stub_process.start_orphan_guard()
         stub_process.start_heartbeat()
+        release_free_memory_in_background()   # batches of varying shapes: bounded heaps, trimmed
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         self.parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}

@@ -32,6 +32,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import Cancelled, InvalidRequest, PipelineError, Unavailable
+from omni_backend.glibc_heaps import release_free_memory_in_background
 from omni_backend.triton import stub_process
 from omni_backend.triton.response_thread import ResponseThread
 from omni_backend.triton.worker_threads import DaemonThreadPool
@@ -123,6 +124,7 @@ class DecoupledModel:
 
     def initialize(self, args: dict) -> None:
         stub_process.start_orphan_guard()
+        release_free_memory_in_background()   # BLS and response threads: bounded heaps, trimmed
         self.model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         self.parameters = {k: v.get("string_value", "")

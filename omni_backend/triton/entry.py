@@ -13,11 +13,13 @@ CONTROL messages (from the supervisor, omni_backend/supervisor): `ping` asks eve
 fails naming the first stage that does not answer; `drain` (before a shutdown) turns new streams
 away with `unavailable:` while the running ones finish; `abort` ends every open stream with
 `unavailable: <TEXT>` (a stage died, or the drain ran out of time). From clients: `append` gives
-a running stream that was opened with `streaming_input` more text (omni_backend/triton/text_input.py).
+a running stream that was opened with `streaming_input` more text (omni_backend/triton/text_input.py);
+`cancel` (PARAMS `{"request_id": ...}`) ends a stream whose client left (`cancel_stream`).
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -25,9 +27,8 @@ from typing import Any, AsyncIterator
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.errors import Unavailable
+from omni_backend.errors import InvalidRequest, Unavailable
 from omni_backend.families import built_model, import_path
-from omni_backend.glibc_heaps import bound_malloc_retention, release_free_memory_every
 from omni_backend.pipeline import StageConfig, TensorSpec
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
@@ -38,10 +39,20 @@ from omni_backend.triton.transfer import Broadcast, Outputs, StageCall, ping
 STAGE_PING_TIMEOUT_S = 2.5   # under the supervisor's own 3 s, so the answer names the stage
 
 
+def cancel_target(params: bytes | None) -> str:
+    """A client's cancel request's PARAMS `{"request_id": ...}` -> the stream's request id."""
+    try:
+        fields = json.loads(params or b"{}")
+    except (ValueError, RecursionError):
+        fields = None
+    if not isinstance(fields, dict) or set(fields) != {"request_id"} \
+            or not isinstance(fields["request_id"], str) or not fields["request_id"]:
+        raise InvalidRequest("params", 'a cancel\'s PARAMS must be {"request_id": "<the stream\'s request id>"}')
+    return fields["request_id"]
+
+
 class PipelineEntry(DecoupledModel):
     def setup(self) -> None:
-        bound_malloc_retention()   # dozens of BLS threads: each would keep a glibc heap at its peak
-        asyncio.run_coroutine_threadsafe(release_free_memory_every(), self.loop)
         built = built_model(self.parameters, self.model_name)
         self.pipeline, self.deploy, self.model_path = built.pipeline, built.deploy, built.model_path
         self.adapter = import_path(self.pipeline.adapter).from_model(self.model_path)
@@ -62,6 +73,9 @@ class PipelineEntry(DecoupledModel):
         if command == "append":
             await self.text_inputs.append(input_bytes(request, "TEXT"), input_bytes(request, "PARAMS"))
             return
+        if command == "cancel":  # the client left: see `cancel_stream`
+            self.cancel_stream(cancel_target(input_bytes(request, "PARAMS")))
+            return
         if command == "abort":  # TEXT says why; every open stream ends with it
             why = (input_bytes(request, "TEXT") or b"").decode(errors="replace").strip()
             pb_utils.Logger.log_info(f"{self.model_name}: aborting {len(self.active)} streams: {why}")
@@ -75,6 +89,20 @@ class PipelineEntry(DecoupledModel):
         for result in await asyncio.gather(*checks, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
+
+    def cancel_stream(self, request_id: str) -> None:
+        """End the one open stream with this request id as its client's leaving would, by message:
+        its final response goes now, so its gRPC stream ends without a cancel (a cancelled stream
+        leaves a few KB in tritonserver 2.51 for good). Refused unless exactly one stream has the
+        id (ids come from clients): the client then cancels its stream instead."""
+        matches = [ctx for ctx in self.active.values() if ctx.request_id == request_id]
+        if len(matches) != 1:
+            raise InvalidRequest("request_id", f"{self.model_name} has {len(matches)} open streams "
+                                 f"with request id {request_id!r}; one is needed")
+        ctx = matches[0]
+        self._finish(ctx, "cancelled", None, None)
+        if ctx.task is not None:
+            ctx.task.cancel()   # then it releases what it held (its stages' streams), in its own time
 
     def on_start(self, ctx: StreamContext) -> None:
         ctx.t0 = time.perf_counter()

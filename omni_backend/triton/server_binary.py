@@ -13,6 +13,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from omni_backend import glibc_heaps
+
 
 def _pytriton_root() -> Path:
     import importlib.util
@@ -67,6 +69,8 @@ def server_env() -> dict[str, str]:
     if env.get("LD_LIBRARY_PATH"):
         libs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in libs if x)
+    # tritonserver's many threads would each keep a glibc heap at its high-water mark
+    env["GLIBC_TUNABLES"] = glibc_heaps.tunables(env)
     return env
 
 

@@ -2,6 +2,8 @@
 the web page's files."""
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -100,3 +102,34 @@ def test_page_and_script_are_served(shim):
     assert 'id="play"' in page.text and "/static/app.js" in page.text
     script = httpx.get(f"{shim.url}/static/app.js")
     assert script.status_code == 200 and "AudioContext" in script.text
+
+
+def test_an_idle_connection_outlives_the_clients_own_keep_alive(shim):
+    """A server that closes idle connections no later than its clients do races them: a request
+    sent as the server closes fails with a cut connection. One connection, idle past httpx's
+    (and uvicorn's default) 5 s, still serves the next request."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(shim.url)
+    request = f"GET /v1/models HTTP/1.1\r\nHost: {url.netloc}\r\n\r\n".encode()
+
+    def answer(sock: socket.socket) -> bytes:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            part = sock.recv(65536)
+            assert part, "the server closed the connection"
+            head += part
+        header, _, body = head.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in header.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        while len(body) < length:
+            body += sock.recv(65536)
+        return header.split(b"\r\n")[0]
+
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(request)
+        assert answer(sock) == b"HTTP/1.1 200 OK"
+        time.sleep(7)
+        sock.sendall(request)
+        assert answer(sock) == b"HTTP/1.1 200 OK"

@@ -46,3 +46,25 @@ def test_a_complete_stream_that_does_not_end_is_cancelled_after_the_timeout():
     call = Call(rest=0, hang=True)
     asyncio.run(end_stream(call, complete=True, timeout_s=0.1))
     assert call.cancelled
+
+
+def test_a_running_stream_asked_to_end_is_read_to_its_end_not_cancelled():
+    call = Call(rest=3)   # responses in flight, the final one, then the stream's status
+    asked = []
+
+    async def ask() -> None:
+        asked.append(True)
+    asyncio.run(end_stream(call, complete=False, ask_to_end=ask))
+    assert asked and call.read == 3 and not call.cancelled
+
+
+def test_a_running_stream_whose_ask_is_refused_or_slow_is_cancelled():
+    async def refused() -> None:
+        raise RuntimeError("invalid_request: REQUEST_ID: 0 open streams")
+
+    async def slow() -> None:
+        await asyncio.sleep(3600)
+    for ask in (refused, slow):
+        call = Call(rest=3)
+        asyncio.run(end_stream(call, complete=False, ask_to_end=ask, timeout_s=0.1))
+        assert call.cancelled and call.read == 0
