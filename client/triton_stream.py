@@ -238,7 +238,6 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
                         request_id: str = "", unique_id: bool = False) -> AsyncIterator[StreamPart]:
     """Every response's part (audio and/or other outputs) in arrival order; see `astream`."""
     import tritonclient.grpc.aio as aioclient
-    from tritonclient.utils import InferenceServerException
 
     inputs = _inputs(aioclient, text, params)
     if not request_id:
@@ -247,14 +246,7 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
     async def ask_to_end() -> None:
         await acontrol(client, model, "cancel", f"{request_id}-cancel", params={"request_id": request_id})
 
-    async def requests():
-        yield {"model_name": model, "inputs": inputs, "request_id": request_id,
-               "parameters": EMPTY_FINAL}
-
-    try:
-        responses = client.stream_infer(inputs_iterator=requests())
-    except InferenceServerException as e:
-        raise _error(e) from None
+    responses = _open_call(client, model, inputs, request_id)
     complete = False   # the request is over: its final response, an error, the call's end
     failed = False     # the call itself failed: nobody to ask
     try:
@@ -288,25 +280,30 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
                          ask_to_end=ask_to_end if unique_id and not failed else None)
 
 
+def _open_call(client: Any, model: str, inputs: list, request_id: str) -> Any:
+    """A `stream_infer` call that sends one request (then half-closes) and asks for the final response."""
+    from tritonclient.utils import InferenceServerException
+
+    async def requests():
+        yield {"model_name": model, "inputs": inputs, "request_id": request_id, "parameters": EMPTY_FINAL}
+
+    try:
+        return client.stream_infer(inputs_iterator=requests())
+    except InferenceServerException as e:
+        raise _error(e) from None
+
+
 async def acontrol(client: Any, model: str, command: str, request_id: str, text: str = "",
                    params: dict[str, Any] | None = None) -> None:
     """One CONTROL request to an entry model (`append`, `cancel`, ...), on a call of its own;
     returns once it is answered, raises its error as a `TritonStreamError`."""
     import tritonclient.grpc.aio as aioclient
-    from tritonclient.utils import InferenceServerException
 
     control = aioclient.InferInput("CONTROL", [1], "BYTES")
     control.set_data_from_numpy(np.array([command.encode()], dtype=np.object_))
     inputs = [*_inputs(aioclient, text, params), control]
 
-    async def requests():
-        yield {"model_name": model, "inputs": inputs, "request_id": request_id,
-               "parameters": EMPTY_FINAL}
-
-    try:
-        responses = client.stream_infer(inputs_iterator=requests())
-    except InferenceServerException as e:
-        raise _error(e) from None
+    responses = _open_call(client, model, inputs, request_id)
     complete = False
     try:
         async for result, error in responses:

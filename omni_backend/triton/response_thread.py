@@ -41,14 +41,21 @@ class ResponseThread:
             if item is None:
                 return
             done, sender, response, flags = item
+            # A stream whose task was cancelled (its client left by a cancel request, an abort)
+            # cancels the future it awaited; its response still leaves, in order, and nobody is
+            # told. Setting a cancelled future's result raises: that once ended this thread, and
+            # every later response of the model waited for ever (a wedge).
+            waited = done.set_running_or_notify_cancel()
             try:
                 if response is None:
                     sender.send(flags=flags)
                 else:
                     sender.send(response, flags=flags)
-                done.set_result(None)
+                if waited:
+                    done.set_result(None)
             except Exception as e:  # noqa: BLE001 - the client may be gone; its stream learns of it
-                done.set_exception(e)
+                if waited:
+                    done.set_exception(e)
                 if flags:
                     self._on_error(f"could not send the last response: {traceback.format_exc(limit=1)}")
             del item, done, sender, response

@@ -146,3 +146,24 @@ def test_a_whole_stream_is_neither_cancelled_nor_asked_to_end(triton):
             await recording.client.close()
     audio, cancelled = run(whole())
     assert audio and cancelled == [False]
+
+
+def test_many_clients_leaving_by_message_at_once_leave_the_entry_serving(triton):
+    """A stream's task is cancelled while it may be waiting for a response to leave; that once
+    killed the entry's response thread and every later response of the pipeline waited for ever."""
+    async def storm():
+        client = aioclient.InferenceServerClient(triton.grpc_url)
+
+        async def leave() -> None:
+            chunks = astream(client, "hibari", "One short sentence. And a second one.")
+            async for _ in chunks:
+                break
+            await chunks.aclose()
+        try:
+            for _ in range(5):
+                await asyncio.wait_for(asyncio.gather(*(leave() for _ in range(8))), 120)
+        finally:
+            await client.close()
+    run(storm())
+    assert wait_for(triton.metrics_url, "omni_active_streams", 0, pipeline="hibari") == 0
+    assert synthesize(triton.grpc_url, "hibari", "Still serving after the storm.").audio_s > 0.5
