@@ -8,7 +8,6 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import Cancelled, InvalidRequest
-from omni_backend.glibc_heaps import bound_malloc_retention
 from omni_backend.models.hibari import HibariVoice
 from omni_backend.triton.decoupled import StreamContext
 from omni_backend.triton.stage import StageModel
@@ -16,8 +15,6 @@ from omni_backend.triton.stage import StageModel
 
 class HibariStage(StageModel):
     def load(self) -> None:
-        # This stub process hosts only the voice: its malloc settings are the voice's to choose.
-        bound_malloc_retention()
         # max_num_seqs is "sentences synthesised at once" (deploy/hibari.yaml); they used to run
         # on the model's shared BLS threads, 16 of them plus those of streams already gone.
         self.voice = HibariVoice(threads=self.stage_deploy.threads,
