@@ -138,7 +138,7 @@ class DecoupledModel:
         self._loop_thread = threading.Thread(target=self._run_loop, name=f"{self.model_name}-loop", daemon=True)
         self._loop_thread.start()
         self.responses = ResponseThread(self.model_name, pb_utils.Logger.log_warn)
-        stub_process.start_heartbeat(self.loop)
+        stub_process.start_heartbeat(self.loop, self.responses.stalled_for)
         self.setup()
 
     def _run_loop(self) -> None:

@@ -14,9 +14,11 @@ objects included) from a background thread without the GIL, which can hang: orph
 `start_heartbeat`: under the supervisor (which sets `OMNI_HEARTBEAT_DIR`), the stub touches the
 file `<dir>/<pid>` twice a second from its event loop (or a thread, for a model without one). A
 ping through Triton waits in the model's queue behind every request and so cannot tell a stuck
-stub from an overloaded one; a heartbeat that stops while the process lives can. A loop that
-stops ticking for STALL_REPORT_S also has every thread's stack written to the stub's stderr (the
-server log) once per stall: what held it is then on record, whether or not it recovers.
+stub from an overloaded one; a heartbeat that stops while the process lives can. The beat also
+stops while the stub's responses have waited STALL_REPORT_S with none leaving (`stalled`, the
+response thread's): a loop that ticks while nothing reaches a client is stuck too. Either stall
+also has every thread's stack written to the stub's stderr (the server log) once: what held it is
+then on record, whether or not it recovers.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 SHM_PREFIX = "triton_python_backend_shm_region_"
 _started = False
@@ -79,8 +82,10 @@ def _beat(path: Path) -> None:
         pass
 
 
-def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None) -> None:
-    """Beat from `loop` (proving the loop runs) or, without one, from a thread of its own."""
+def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
+                    stalled: Callable[[], float] | None = None) -> None:
+    """Beat from `loop` (proving the loop runs) or, without one, from a thread of its own;
+    `stalled()` says how long the stub's responses have waited with none leaving."""
     folder = os.environ.get(HEARTBEAT_ENV)
     if not folder:
         return
@@ -88,13 +93,15 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None) -> None:
     _beat(path)
     if loop is not None:
         last_tick = [time.monotonic()]
+        responses_stalled = stalled or (lambda: 0.0)
 
         def tick() -> None:
             last_tick[0] = time.monotonic()
-            _beat(path)
+            if responses_stalled() < STALL_REPORT_S:
+                _beat(path)
             loop.call_later(HEARTBEAT_S, tick)
         loop.call_soon_threadsafe(tick)
-        threading.Thread(target=_report_stalls, args=(loop, last_tick, STALL_REPORT_S),
+        threading.Thread(target=_report_stalls, args=(loop, last_tick, responses_stalled, STALL_REPORT_S),
                          name="stall-report", daemon=True).start()
         return
 
@@ -105,18 +112,27 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None) -> None:
     threading.Thread(target=run, name="heartbeat", daemon=True).start()
 
 
-def _report_stalls(loop: asyncio.AbstractEventLoop, last_tick: list[float], after_s: float) -> None:
-    """Write every thread's stack once per stall of `loop` (which updates `last_tick[0]`)."""
-    reported = None
+def _report_stalls(loop: asyncio.AbstractEventLoop, last_tick: list[float],
+                   responses_stalled: Callable[[], float], after_s: float) -> None:
+    """Write every thread's stack once per stall of `loop` (which updates `last_tick[0]`) and
+    once per stall of its responses."""
+    reported_tick = None
+    responses_reported = False
     while not loop.is_closed():
         time.sleep(after_s / 4)
         tick = last_tick[0]
-        if time.monotonic() - tick < after_s or reported == tick:
-            continue
-        reported = tick
-        print(f"omni stub {os.getpid()}: event loop stalled for {time.monotonic() - tick:.1f} s; "
-              "thread stacks follow", file=sys.stderr, flush=True)
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        if time.monotonic() - tick >= after_s and reported_tick != tick:
+            reported_tick = tick
+            _dump_stacks(f"event loop stalled for {time.monotonic() - tick:.1f} s")
+        waited = responses_stalled()
+        if waited >= after_s and not responses_reported:
+            _dump_stacks(f"responses waited {waited:.1f} s with none leaving")
+        responses_reported = waited >= after_s
+
+
+def _dump_stacks(what: str) -> None:
+    print(f"omni stub {os.getpid()}: {what}; thread stacks follow", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
 
 def exit_after_finalize(code: int = 0) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from omni_backend.triton.response_thread import ResponseThread
 
@@ -52,4 +53,20 @@ def test_a_failed_send_is_reported_to_its_waiter_and_the_thread_goes_on():
     ok.release.set()
     thread.send(ok, "y").result(5)
     assert ok.sent == [("y", 0)] and len(errors) == 1
+    thread.close()
+
+
+def test_stalled_for_counts_only_while_responses_wait_with_none_leaving():
+    thread = ResponseThread("test", lambda _: None)
+    sender = Sender()
+    time.sleep(0.3)
+    assert thread.stalled_for() == 0.0          # idle is not stalled, however long
+    first = thread.send(sender, "a")            # blocks in send until released
+    thread.send(sender, "b")
+    time.sleep(0.5)
+    assert 0.4 <= thread.stalled_for() < 2.0    # counted from when the queue filled
+    sender.release.set()
+    first.result(5)
+    thread.send(sender, "c").result(5)
+    assert thread.stalled_for() == 0.0
     thread.close()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -32,3 +33,31 @@ def test_a_stalled_loop_has_its_stacks_reported_once(tmp_path, monkeypatch, capf
         loop.call_soon_threadsafe(loop.stop)
         runner.join(5)
         loop.close()                         # the reporter leaves with its loop
+
+
+def test_responses_that_never_leave_stop_the_heartbeat_and_are_reported(tmp_path, monkeypatch, capfd):
+    """The loop ticks, but the response thread is stuck: the supervisor must see a stuck stub."""
+    monkeypatch.setenv(stub_process.HEARTBEAT_ENV, str(tmp_path))
+    monkeypatch.setattr(stub_process, "STALL_REPORT_S", 1.0)
+    stalled = [0.0]
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    beat = tmp_path / str(os.getpid())
+    try:
+        stub_process.start_heartbeat(loop, lambda: stalled[0])
+        time.sleep(1.0)
+        assert time.time() - beat.stat().st_mtime < 0.8          # beating
+        stalled[0] = 1.5                                          # responses stuck past the bound
+        time.sleep(2.0)
+        assert time.time() - beat.stat().st_mtime > 1.2          # the beat stopped, the loop still ticks
+        err = capfd.readouterr().err
+        assert err.count("with none leaving") == 1, err
+        assert "event loop stalled" not in err
+        stalled[0] = 0.0                                          # a response left
+        time.sleep(1.0)
+        assert time.time() - beat.stat().st_mtime < 0.8          # beating again
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(5)
+        loop.close()
