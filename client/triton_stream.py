@@ -157,11 +157,14 @@ def stream(url: str, model: str, text: str, params: dict[str, Any] | None = None
 def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None = None,
                  timeout_s: float = 300.0) -> Iterator[StreamPart]:
     """Yield every response's part (audio and/or other outputs) in arrival order; raises
-    TritonStreamError."""
+    TritonStreamError. Closing the generator early ends the request as `astream` does: a
+    control request on the same stream asks the entry to end it (its id is made unique here),
+    and the stream is cancelled only when that is refused or not done within 2 s."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
     inputs = _inputs(grpcclient, text, params)
+    request_id = f"stream-{uuid.uuid4().hex}"
     responses: "queue.Queue" = queue.Queue()
     try:
         client = grpcclient.InferenceServerClient(url)
@@ -171,7 +174,7 @@ def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None 
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         try:
-            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+            client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
         except InferenceServerException as e:
             # "The stream is no longer in valid state, the error detail is reported through
             # provided callback": the real failure (e.g. connection refused) is in the queue.
@@ -185,6 +188,7 @@ def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None 
                 item = responses.get(timeout=timeout_s)
             except queue.Empty:
                 raise TritonStreamError(f"unavailable: no response from {url} within {timeout_s:g} s") from None
+            complete = item[1] is not None   # an error response ends the request
             part, final = _parse(*item)
             complete = final
             if part is not None:
@@ -194,9 +198,41 @@ def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None 
     except InferenceServerException as e:
         raise _error(e) from None
     finally:
+        if not complete:
+            complete = _ask_to_end(client, model, request_id, responses)
         # a complete request's stream is closed, not cancelled (see end_stream)
         client.stop_stream(cancel_requests=not complete)
         client.close()
+
+
+def _ask_to_end(client: Any, model: str, request_id: str, responses: "queue.Queue",
+                timeout_s: float = 2.0) -> bool:
+    """Send CONTROL=cancel for `request_id` on the open stream and wait for both requests' final
+    responses (the stream's, then the cancel's); False when refused, failed or late."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    control = grpcclient.InferInput("CONTROL", [1], "BYTES")
+    control.set_data_from_numpy(np.array([b"cancel"], dtype=np.object_))
+    inputs = [*_inputs(grpcclient, "", {"request_id": request_id}), control]
+    try:
+        client.async_stream_infer(model, inputs, request_id=f"{request_id}-cancel",
+                                  enable_empty_final_response=True)
+    except InferenceServerException:
+        return False
+    deadline = time.monotonic() + timeout_s
+    finals = set()
+    while finals != {request_id, f"{request_id}-cancel"}:
+        try:
+            result, error = responses.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return False
+        if error is not None:
+            return False
+        response = result.get_response()
+        if response.parameters["triton_final_response"].bool_param:
+            finals.add(response.id)
+    return True
 
 
 def synthesize(url: str, model: str, text: str, params: dict[str, Any] | None = None) -> StreamResult:

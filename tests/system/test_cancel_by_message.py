@@ -9,7 +9,7 @@ import time
 import pytest
 import tritonclient.grpc.aio as aioclient
 
-from client.triton_stream import TritonStreamError, acontrol, astream, astream_parts, synthesize
+from client.triton_stream import TritonStreamError, acontrol, astream, astream_parts, stream, synthesize
 from tests.metrics_scrape import metric, wait_for
 
 LONG = " ".join(f"This is sentence number {i} of a long story." for i in range(40))
@@ -134,6 +134,34 @@ def test_a_client_leaving_early_ends_its_stream_by_message_when_its_id_is_its_ow
     assert wait_for(triton.metrics_url, "omni_active_streams", 0, pipeline="hibari") == 0
     assert wait_for(triton.metrics_url, "omni_requests_total", before + 1, pipeline="hibari",
                     outcome="cancelled") == before + 1
+
+
+@pytest.mark.parametrize("leave_early", [True, False])
+def test_the_synchronous_stream_ends_by_message_and_is_never_cancelled(triton, monkeypatch, leave_early):
+    """`stream` asks the entry to end a stream left early, on that same gRPC stream, and closes
+    it without a gRPC cancel; a whole stream is closed without asking."""
+    import tritonclient.grpc as grpcclient
+    stops: list[bool] = []
+    real_stop = grpcclient.InferenceServerClient.stop_stream
+
+    def stop_stream(self, cancel_requests=False):
+        stops.append(cancel_requests)
+        return real_stop(self, cancel_requests=cancel_requests)
+    monkeypatch.setattr(grpcclient.InferenceServerClient, "stop_stream", stop_stream)
+    before = metric(triton.metrics_url, "omni_requests_total", pipeline="hibari", outcome="cancelled")
+    chunks = stream(triton.grpc_url, "hibari", LONG if leave_early else "Short and whole.")
+    if leave_early:
+        audio, _ = next(chunks)
+        t0 = time.monotonic()
+        chunks.close()
+        assert audio.size and time.monotonic() - t0 < 4.0
+    else:
+        assert sum(a.size for a, _ in chunks) > 0
+    assert stops and True not in stops   # close() stops the stream again, never cancelling
+    assert wait_for(triton.metrics_url, "omni_active_streams", 0, pipeline="hibari") == 0
+    expected = before + 1 if leave_early else before
+    assert wait_for(triton.metrics_url, "omni_requests_total", expected, pipeline="hibari",
+                    outcome="cancelled") == expected
 
 
 def test_a_whole_stream_is_neither_cancelled_nor_asked_to_end(triton):
