@@ -32,6 +32,15 @@ _TRITON_BAD_INPUT = (re.compile(r"missing required input\(s\) \['(?P<name>[A-Za-
 # stream's flag-only final response is never sent, and the client cannot tell it has everything.
 EMPTY_FINAL = {"triton_enable_empty_final_response": True}
 _GRPC_UNAVAILABLE = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.CANCELLED")
+# A stream silent this long asks whether its model is still ready. Triton 2.51 never ends the
+# streams of an entry whose stub died: without this they wait for the caller's own timeout. The
+# supervisor unloads such a pipeline within a second or so to reload it, which this sees.
+WATCH_S = 2.0
+
+
+def _not_ready(model: str) -> "TritonStreamError":
+    return TritonStreamError(f"unavailable: '{model}' is not ready on Triton (it is being restarted "
+                             "after a failure, or the server is stopping); the stream was cut, retry")
 
 
 def coded(message: str, grpc_status: str | None = None) -> str:
@@ -142,10 +151,12 @@ def _parse(result: Any, error: Any) -> tuple[StreamPart | None, bool]:
 
 
 def stream(url: str, model: str, text: str, params: dict[str, Any] | None = None,
-           timeout_s: float = 300.0) -> Iterator[tuple[np.ndarray, int]]:
+           timeout_s: float = 300.0, watch_s: float | None = WATCH_S) -> Iterator[tuple[np.ndarray, int]]:
     """Yield (audio chunk, sample rate) as they arrive; raises TritonStreamError. Responses
-    without audio (a pipeline's text deltas) are skipped: `stream_parts` gives them."""
-    parts = stream_parts(url, model, text, params, timeout_s)
+    without audio (a pipeline's text deltas) are skipped: `stream_parts` gives them. A stream
+    silent for `watch_s` checks that the model is still ready, and ends with `unavailable:`
+    when it is not (None: never checks)."""
+    parts = stream_parts(url, model, text, params, timeout_s, watch_s)
     try:
         for part in parts:
             if part.audio is not None:
@@ -155,7 +166,7 @@ def stream(url: str, model: str, text: str, params: dict[str, Any] | None = None
 
 
 def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None = None,
-                 timeout_s: float = 300.0) -> Iterator[StreamPart]:
+                 timeout_s: float = 300.0, watch_s: float | None = WATCH_S) -> Iterator[StreamPart]:
     """Yield every response's part (audio and/or other outputs) in arrival order; raises
     TritonStreamError. Closing the generator early ends the request as `astream` does: a
     control request on the same stream asks the entry to end it (its id is made unique here),
@@ -171,6 +182,7 @@ def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None 
     except InferenceServerException as e:   # e.g. an address gRPC cannot parse
         raise _error(e) from None
     complete = False
+    unready = False   # the model was unloaded under the stream: nobody to ask to end it
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         try:
@@ -184,10 +196,19 @@ def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None 
                 error = None
             raise _error(error if error is not None else e) from None
         while True:
-            try:
-                item = responses.get(timeout=timeout_s)
-            except queue.Empty:
-                raise TritonStreamError(f"unavailable: no response from {url} within {timeout_s:g} s") from None
+            deadline = time.monotonic() + timeout_s
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    item = responses.get(timeout=max(0.0, min(left, watch_s or left)))
+                    break
+                except queue.Empty:
+                    pass
+                if left <= 0:
+                    raise TritonStreamError(f"unavailable: no response from {url} within {timeout_s:g} s")
+                if watch_s and not _still_ready(client, model):
+                    unready = True
+                    raise _not_ready(model)
             complete = item[1] is not None   # an error response ends the request
             part, final = _parse(*item)
             complete = final
@@ -198,11 +219,19 @@ def stream_parts(url: str, model: str, text: str, params: dict[str, Any] | None 
     except InferenceServerException as e:
         raise _error(e) from None
     finally:
-        if not complete:
+        if not complete and not unready:
             complete = _ask_to_end(client, model, request_id, responses)
         # a complete request's stream is closed, not cancelled (see end_stream)
         client.stop_stream(cancel_requests=not complete)
         client.close()
+
+
+def _still_ready(client: Any, model: str) -> bool:
+    """False only when the server answers that `model` is not ready."""
+    try:
+        return bool(client.is_model_ready(model, client_timeout=WATCH_S))
+    except Exception:  # noqa: BLE001 - unreachable or slow: the stream's own call tells
+        return True
 
 
 def _ask_to_end(client: Any, model: str, request_id: str, responses: "queue.Queue",
@@ -253,15 +282,17 @@ def synthesize(url: str, model: str, text: str, params: dict[str, Any] | None = 
 
 
 async def astream(client: Any, model: str, text: str, params: dict[str, Any] | None = None,
-                  request_id: str = "", unique_id: bool = False) -> AsyncIterator[tuple[np.ndarray, int]]:
+                  request_id: str = "", unique_id: bool = False,
+                  watch_s: float | None = WATCH_S) -> AsyncIterator[tuple[np.ndarray, int]]:
     """Async variant over a shared `tritonclient.grpc.aio.InferenceServerClient`; (audio chunk,
     sample rate) as they arrive, skipping responses without audio (`astream_parts` gives them).
 
     Closing the generator early (client gone) ends the request in Triton, which frees the engine
     slot: a control request asks the entry model to end it when its request id is known to be
     unique (`unique_id`, or none given: one is made), otherwise the gRPC stream is cancelled.
+    A stream silent for `watch_s` checks that the model is still ready (see `stream`).
     """
-    parts = astream_parts(client, model, text, params, request_id, unique_id)
+    parts = astream_parts(client, model, text, params, request_id, unique_id, watch_s)
     try:
         async for part in parts:
             if part.audio is not None:
@@ -271,7 +302,8 @@ async def astream(client: Any, model: str, text: str, params: dict[str, Any] | N
 
 
 async def astream_parts(client: Any, model: str, text: str, params: dict[str, Any] | None = None,
-                        request_id: str = "", unique_id: bool = False) -> AsyncIterator[StreamPart]:
+                        request_id: str = "", unique_id: bool = False,
+                        watch_s: float | None = WATCH_S) -> AsyncIterator[StreamPart]:
     """Every response's part (audio and/or other outputs) in arrival order; see `astream`."""
     import tritonclient.grpc.aio as aioclient
 
@@ -286,7 +318,7 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
     complete = False   # the request is over: its final response, an error, the call's end
     failed = False     # the call itself failed: nobody to ask
     try:
-        async for result, error in responses:
+        async for result, error in (_watched(responses, client, model, watch_s) if watch_s else responses):
             if error is not None:
                 complete = True   # an error response ends the request
             part, final = _parse(result, error)
@@ -314,6 +346,31 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
         # stream can have that id; otherwise (or when that fails) the call is cancelled
         await end_stream(responses, complete,
                          ask_to_end=ask_to_end if unique_id and not failed else None)
+
+
+async def _watched(responses: Any, client: Any, model: str, watch_s: float) -> AsyncIterator[Any]:
+    """`responses`, but a wait longer than `watch_s` asks whether `model` is still ready and
+    raises `unavailable:` when the server says it is not."""
+    it = responses.__aiter__()
+    while True:
+        step = asyncio.ensure_future(it.__anext__())
+        try:
+            while not (await asyncio.wait({step}, timeout=watch_s))[0]:
+                try:
+                    ready = await asyncio.wait_for(client.is_model_ready(model), watch_s)
+                except Exception:  # noqa: BLE001 - unreachable or slow: the call itself tells
+                    ready = True
+                if not ready:
+                    raise _not_ready(model)
+        finally:
+            if not step.done():
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+        try:
+            item = step.result()
+        except StopAsyncIteration:
+            return
+        yield item
 
 
 def _open_call(client: Any, model: str, inputs: list, request_id: str) -> Any:

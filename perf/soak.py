@@ -25,8 +25,13 @@ never gives back shows as a rising floor (a model sums its stubs: one left behin
 memory held too). At the end each one's growth from its value after the first minute to the end:
 the lowest over minutes 2-6 against the lowest over the last 5 (`--window`; minute 1 is the idle
 server; a busy process's floor still moves by several MB from one minute to the next), with the
-single minutes' change beside it; exit status 1 when any grew more than --max-growth (5 %), any
-was restarted or left two stubs, or any request failed.
+single minutes' change beside it. Under load a process's floor is also its working set (what the
+requests in flight at that moment hold), so the growth judged is taken at quiet points: after
+minute 1, every `--quiet-every` minutes and after the last, the clients pause, every request
+ends, and after `--quiet-s` idle seconds (the stubs give free pages back every 20 s) each
+process's memory is what it kept; the first quiet point against the last. Exit status 1 when any
+kept more than --max-growth (5 %) more, any was restarted or left two stubs, or any request
+failed (without quiet points the windows under load are judged instead).
 
 Not a test (it takes half an hour); logs go to a temporary folder printed at the start.
 """
@@ -86,6 +91,8 @@ class Outcome:
 class Load:
     outcomes: list[Outcome] = field(default_factory=list)
     stop: bool = False
+    paused: bool = False     # a quiet phase: clients start no new request
+    in_flight: int = 0
 
 
 def error_code(message: str) -> str:
@@ -127,6 +134,9 @@ async def client_loop(n: int, args: argparse.Namespace, grpc, http: httpx.AsyncC
                       load: Load) -> None:
     rng = random.Random(args.seed * 1000 + n)
     while not load.stop:
+        if load.paused:
+            await asyncio.sleep(0.2)
+            continue
         pipeline = rng.choice(args.pipelines)
         text = sentence_text(rng)
         hang_up = rng.random() < args.hangup
@@ -135,6 +145,7 @@ async def client_loop(n: int, args: argparse.Namespace, grpc, http: httpx.AsyncC
             params = {"speed": round(rng.uniform(0.5, 2.0), 2), "seed": seed}
         else:   # random weights never stop by themselves: bound the utterance (12.5 frames/s)
             params = {"seed": seed, "max_new_tokens": rng.randint(10, 60)}
+        load.in_flight += 1
         try:
             if rng.random() < args.http:
                 body = {"model": pipeline, "input": text, "voice": "alloy",
@@ -149,6 +160,8 @@ async def client_loop(n: int, args: argparse.Namespace, grpc, http: httpx.AsyncC
             ttfa, error = None, "timeout"
         except Exception as e:  # noqa: BLE001 - a transport failure is counted, the client goes on
             ttfa, error = None, f"exception_{type(e).__name__}"
+        finally:
+            load.in_flight -= 1
         load.outcomes.append(Outcome(time.monotonic(), ttfa, error))
 
 
@@ -233,6 +246,43 @@ def shm_pool_kb(pids: list[int]) -> dict[str, int]:
     return {"RssAnon": total, "VmRSS": total}
 
 
+def sample(server_pid: int, shim_pid: int, pids: dict[str, tuple[int, ...]],
+           restarts: Counter) -> dict[str, dict[str, int]]:
+    """Every process's /proc status (KiB) and the pool's; counts a name whose pids changed."""
+    now = processes(server_pid, shim_pid)
+    samples = {POOL: shm_pool_kb([pid for name, pid_set in now.items() if name not in
+                                  ("speech_api", "supervisor", "tritonserver") for pid in pid_set])}
+    for name, pid_set in now.items():
+        if name in pids and pids[name] != pid_set:
+            restarts[name] += 1      # a new process: its memory starts over
+        pids[name] = pid_set
+        samples[name] = status_sum(pid_set)
+    return samples
+
+
+async def quiet_sample(args: argparse.Namespace, load: Load, server: TritonProcess, shim: ShimProcess,
+                       pids: dict[str, tuple[int, ...]], restarts: Counter) -> tuple[dict[str, int], float]:
+    """Pause the clients, let every request end, wait `--quiet-s` (the stubs give free pages
+    back every 20 s), then each process's lowest RssAnon over three samples; the load resumes.
+    Returns (name -> KiB, seconds the pause took)."""
+    t0 = time.monotonic()
+    load.paused = True
+    try:
+        while load.in_flight and time.monotonic() - t0 < args.timeout + 10:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(args.quiet_s)
+        lowest: dict[str, int] = {}
+        for i in range(3):
+            for name, st in sample(server.proc.pid, shim.proc.pid, pids, restarts).items():
+                if st.get("RssAnon"):
+                    lowest[name] = min(lowest.get(name, 1 << 62), st["RssAnon"])
+            if i < 2:
+                await asyncio.sleep(2)
+    finally:
+        load.paused = False
+    return lowest, time.monotonic() - t0
+
+
 def pct(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
@@ -257,20 +307,14 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
     start = time.monotonic()
     seen = 0
     interrupted = False
+    quiet: list[tuple[int, dict[str, int]]] = []    # (after minute, name -> RssAnon KiB) at quiet points
     try:
         for minute in range(1, args.minutes + 1):
             # RSS moves with the work in flight; the minute's lowest sample is what the process
             # keeps, so a rising floor is memory that is never given back.
             floor: dict[str, dict[str, int]] = {}
             while True:
-                now = processes(server.proc.pid, shim.proc.pid)
-                samples = {POOL: shm_pool_kb([pid for name, pid_set in now.items() if name not in
-                                              ("speech_api", "supervisor", "tritonserver") for pid in pid_set])}
-                for name, pid_set in now.items():
-                    if name in pids and pids[name] != pid_set:
-                        restarts[name] += 1      # a new process: its memory starts over
-                    pids[name] = pid_set
-                    samples[name] = status_sum(pid_set)
+                samples = sample(server.proc.pid, shim.proc.pid, pids, restarts)
                 for name, st in samples.items():
                     if st and st.get("RssAnon", 0) < floor.get(name, {}).get("RssAnon", 1 << 62):
                         floor[name] = st
@@ -282,7 +326,7 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
                 if t.done() and t.exception():
                     raise t.exception()
             if not names:
-                names = sorted([*now, POOL], key=lambda n: (n not in ("tritonserver", "supervisor"),
+                names = sorted(samples, key=lambda n: (n not in ("tritonserver", "supervisor"),
                                                            n in ("speech_api", POOL), n))
                 print(f"{'min':>3} {'reqs':>5} {'p50 ms':>7} {'p95 ms':>7}  "
                       + " ".join(f"{n:>{max(8, len(n))}}" for n in names)
@@ -298,6 +342,13 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
             print(f"{minute:>3} {len(window):>5} {pct(ttfas, 50):>7.0f} {pct(ttfas, 95):>7.0f}  "
                   + " ".join(f"{rows[-1][n].get('RssAnon', 0) / 1024:>{max(8, len(n))}.1f}" for n in names)
                   + "  " + (" ".join(f"{k}={v}" for k, v in sorted(errs.items())) or "-"), flush=True)
+            if args.quiet_every and (minute == 1 or minute % args.quiet_every == 0 or minute == args.minutes):
+                kept, took = await quiet_sample(args, load, server, shim, pids, restarts)
+                quiet.append((minute, kept))
+                start += took    # every minute row still has a minute of load
+                print("  q " + " " * 23 + " ".join(f"{kept.get(n, 0) / 1024:>{max(8, len(n))}.1f}" for n in names)
+                      + f"  (quiet after minute {minute}: every request ended, {args.quiet_s:g} s idle; "
+                      f"paused {took:.0f} s)", flush=True)
     except asyncio.CancelledError:   # SIGTERM or Ctrl-C: report what was measured
         interrupted = True
     finally:
@@ -332,7 +383,8 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
             growth = (own1 - own0) / own0 * 100 if own0 else float("nan")
             first, last = rows[base][n].get("RssAnon", 0), rows[-1][n].get("RssAnon", 0)
             single = f"{(last - first) / first * 100:+.1f}%" if first else "-"
-            over = not own0 or growth > args.max_growth or restarts[n] > 0 or len(pids.get(n, ())) > 1
+            judged = not args.quiet_every and (not own0 or growth > args.max_growth)
+            over = judged or restarts[n] > 0 or len(pids.get(n, ())) > 1
             failed |= over
             note = (f"  pids changed x{restarts[n]}" if restarts[n] else "") \
                 + (f"  {len(pids[n])} processes" if len(pids.get(n, ())) > 1 else "") + ("  <- grew" if over else "")
@@ -342,6 +394,18 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
                 rss = shmem = ""
             print(f"{n:<40} {own0 / 1024:>12.1f} {own1 / 1024:>12.1f} {growth:>7.1f}% {single:>18} "
                   f"{rss:>16} {shmem:>16}{note}")
+    if len(quiet) >= 2:
+        # What a process keeps once its work is done: a leak raises it, the work in flight does not.
+        (m0, q0), (m1, q1) = quiet[0], quiet[-1]
+        print(f"\nKept with nothing in flight (anonymous MB; quiet points after minutes "
+              f"{', '.join(str(m) for m, _ in quiet)}):")
+        for n in names:
+            a, b = q0.get(n, 0), q1.get(n, 0)
+            growth = (b - a) / a * 100 if a else float("nan")
+            over = not a or growth > args.max_growth
+            failed |= over
+            print(f"{n:<40} " + " ".join(f"{q.get(n, 0) / 1024:>8.1f}" for _, q in quiet)
+                  + f"  {growth:+7.1f}%" + ("  <- grew" if over else ""))
     return 1 if failed else 0
 
 
@@ -358,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=5,
                     help="minutes whose lowest memory is each end of the growth judged (default 5)")
     ap.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
+    ap.add_argument("--quiet-every", type=int, default=10,
+                    help="minutes between quiet points (also after minute 1 and the last); 0: none")
+    ap.add_argument("--quiet-s", type=float, default=45.0,
+                    help="seconds a quiet point waits idle after every request ended")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.pipelines = args.pipelines.split(",")

@@ -322,7 +322,8 @@ class TritonPool:
             # the client's request id may repeat; the stream's own id must not (a client that
             # leaves ends its stream by naming it)
             source = (astream_parts if parts else astream)(client, pipeline, text, params or None,
-                                                           f"{request_id}-{uuid.uuid4().hex[:12]}", unique_id=True)
+                                                           f"{request_id}-{uuid.uuid4().hex[:12]}", unique_id=True,
+                                                           watch_s=None)   # PoolStream watches readiness
             try:
                 first = await source.__anext__()
             except StopAsyncIteration:

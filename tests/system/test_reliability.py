@@ -3,6 +3,7 @@ server or its supervisor killed with SIGKILL. Each test runs its own supervised 
 session's is never disturbed) and checks what a client, a load balancer and the host see."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -19,10 +20,12 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
 from client.speech_api.process import ShimProcess
 from client.triton_process import TritonProcess
+from client.triton_stream import TritonStreamError, astream, stream
 from omni_backend.errors import error_code
 from omni_backend.supervisor import stubs
 from tests.metrics_scrape import metric
@@ -244,15 +247,41 @@ def test_a_frozen_stage_is_killed_and_reloaded(own_server):
             pass
 
 
-def test_a_killed_entry_ends_its_speech_api_streams(own_server, tmp_path):
-    """Triton 2.51 cannot answer the streams of an entry whose stub died; the speech API sees the
-    pipeline unloaded for its restart and ends them with an error event (gRPC clients that talk
-    to Triton directly keep waiting: README, known limits)."""
+def test_a_killed_entry_ends_its_speech_api_and_client_streams(own_server, tmp_path):
+    """Triton 2.51 cannot answer the streams of an entry whose stub died; the speech API and
+    `client.triton_stream` (sync and asyncio) see the pipeline unloaded for its restart and end
+    them with `unavailable` (tritonclient used directly keeps waiting: README, known limits)."""
     server = own_server
     shim = ShimProcess([server.grpc_url], log_path=tmp_path / "shim.log", extra_args=["--probe-interval", "0.5"])
     shim.start()
     events: list[list[dict]] = [[], []]
     ended: list[float | None] = [None, None]
+    direct: dict[str, tuple[int, str, float] | None] = {"sync": None, "asyncio": None}
+
+    def listen_sync() -> None:
+        chunks = 0
+        try:
+            for _ in stream(server.grpc_url, "hibari", HIBARI_LONG, {"speed": 0.5}, timeout_s=60):
+                chunks += 1
+            error = "finished"
+        except TritonStreamError as e:
+            error = str(e)
+        direct["sync"] = (chunks, error, time.monotonic())
+
+    def listen_asyncio() -> None:
+        async def run() -> None:
+            client = aioclient.InferenceServerClient(server.grpc_url)
+            chunks = 0
+            try:
+                async for _ in astream(client, "hibari", HIBARI_LONG, {"speed": 0.5}):
+                    chunks += 1
+                error = "finished"
+            except TritonStreamError as e:
+                error = str(e)
+            finally:
+                await client.close()
+            direct["asyncio"] = (chunks, error, time.monotonic())
+        asyncio.run(run())
 
     def listen(i: int) -> None:
         body = {"model": "hibari", "voice": "heart", "input": HIBARI_LONG, "speed": 0.5,
@@ -265,9 +294,12 @@ def test_a_killed_entry_ends_its_speech_api_streams(own_server, tmp_path):
 
     try:
         threads = [threading.Thread(target=listen, args=(i,), daemon=True) for i in range(2)]
+        threads += [threading.Thread(target=listen_sync, daemon=True),
+                    threading.Thread(target=listen_asyncio, daemon=True)]
         for t in threads:
             t.start()
         wait_until(lambda: all(events), 60)
+        time.sleep(1.0)                      # the direct streams have begun too
         killed_at = time.monotonic()
         os.kill(stage_stubs(server, "hibari")[0].pid, signal.SIGKILL)
         for t in threads:
@@ -277,6 +309,11 @@ def test_a_killed_entry_ends_its_speech_api_streams(own_server, tmp_path):
             last = events[i][-1]
             assert last["type"] == "speech.audio.error", last
             assert last["error"]["code"] == "service_unavailable", last
+        for kind, seen in direct.items():
+            assert seen is not None, kind
+            chunks, error, at = seen
+            assert error.startswith("unavailable: 'hibari' is not ready"), (kind, error)
+            assert at - killed_at < 5.0, (kind, at - killed_at)
         wait_until(lambda: shim.health() == 200, 120, 0.2)
         r = httpx.post(f"{shim.url}/v1/audio/speech", timeout=60,
                        json={"model": "hibari", "voice": "heart", "input": "Back.", "response_format": "wav"})
