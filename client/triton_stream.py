@@ -15,7 +15,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import numpy as np
 
@@ -121,6 +121,13 @@ def _inputs(module, text: str, params: dict[str, Any] | None) -> list:
         p.set_data_from_numpy(np.array([payload], dtype=np.object_))
         inputs.append(p)
     return inputs
+
+
+def _control_inputs(module, command: str, text: str = "", params: dict[str, Any] | None = None) -> list:
+    """TEXT/PARAMS plus CONTROL=`command`: a control request to an entry model."""
+    control = module.InferInput("CONTROL", [1], "BYTES")
+    control.set_data_from_numpy(np.array([command.encode()], dtype=np.object_))
+    return [*_inputs(module, text, params), control]
 
 
 def _error(error: Any) -> TritonStreamError:
@@ -241,9 +248,7 @@ def _ask_to_end(client: Any, model: str, request_id: str, responses: "queue.Queu
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    control = grpcclient.InferInput("CONTROL", [1], "BYTES")
-    control.set_data_from_numpy(np.array([b"cancel"], dtype=np.object_))
-    inputs = [*_inputs(grpcclient, "", {"request_id": request_id}), control]
+    inputs = _control_inputs(grpcclient, "cancel", params={"request_id": request_id})
     try:
         client.async_stream_infer(model, inputs, request_id=f"{request_id}-cancel",
                                   enable_empty_final_response=True)
@@ -348,26 +353,39 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
                          ask_to_end=ask_to_end if unique_id and not failed else None)
 
 
+async def next_watched(it: AsyncIterator, every_s: float, check: Callable[[], Awaitable[None]]) -> Any:
+    """`await it.__anext__()`, awaiting `check()` (which raises to give up) every `every_s` of
+    waiting. The step is never left running: a step left running keeps its source busy, so the
+    stream's own close could not end it."""
+    pending = asyncio.ensure_future(it.__anext__())
+    try:
+        while not (await asyncio.wait({pending}, timeout=every_s))[0]:
+            await check()
+        return pending.result()
+    finally:
+        if not pending.done():   # given up, or this task was cancelled (the caller left)
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        elif not pending.cancelled():
+            # the step ended (often with StopAsyncIteration) just as this task was cancelled:
+            # its outcome has no reader now; marked read, asyncio logs nothing
+            pending.exception()
+
+
 async def _watched(responses: Any, client: Any, model: str, watch_s: float) -> AsyncIterator[Any]:
     """`responses`, but a wait longer than `watch_s` asks whether `model` is still ready and
     raises `unavailable:` when the server says it is not."""
+    async def still_ready() -> None:
+        try:
+            ready = await asyncio.wait_for(client.is_model_ready(model), watch_s)
+        except Exception:  # noqa: BLE001 - unreachable or slow: the call itself tells
+            return
+        if not ready:
+            raise _not_ready(model)
     it = responses.__aiter__()
     while True:
-        step = asyncio.ensure_future(it.__anext__())
         try:
-            while not (await asyncio.wait({step}, timeout=watch_s))[0]:
-                try:
-                    ready = await asyncio.wait_for(client.is_model_ready(model), watch_s)
-                except Exception:  # noqa: BLE001 - unreachable or slow: the call itself tells
-                    ready = True
-                if not ready:
-                    raise _not_ready(model)
-        finally:
-            if not step.done():
-                step.cancel()
-                await asyncio.gather(step, return_exceptions=True)
-        try:
-            item = step.result()
+            item = await next_watched(it, watch_s, still_ready)
         except StopAsyncIteration:
             return
         yield item
@@ -392,11 +410,7 @@ async def acontrol(client: Any, model: str, command: str, request_id: str, text:
     returns once it is answered, raises its error as a `TritonStreamError`."""
     import tritonclient.grpc.aio as aioclient
 
-    control = aioclient.InferInput("CONTROL", [1], "BYTES")
-    control.set_data_from_numpy(np.array([command.encode()], dtype=np.object_))
-    inputs = [*_inputs(aioclient, text, params), control]
-
-    responses = _open_call(client, model, inputs, request_id)
+    responses = _open_call(client, model, _control_inputs(aioclient, command, text, params), request_id)
     complete = False
     try:
         async for result, error in responses:

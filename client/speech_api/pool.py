@@ -31,7 +31,7 @@ import tritonclient.grpc.aio as grpcaio
 
 from client.speech_api.catalog import Catalog, entry_pipeline_name
 from client.speech_api.errors import ApiError, from_triton, internal, no_backend
-from client.triton_stream import StreamPart, TritonStreamError, astream, astream_parts
+from client.triton_stream import StreamPart, TritonStreamError, astream, astream_parts, next_watched
 
 log = logging.getLogger("omni.speech_api")
 
@@ -136,25 +136,11 @@ class PoolStream:
         self._closed = False
 
     async def _next(self, it: AsyncIterator):
-        pending = asyncio.ensure_future(it.__anext__())
-        try:
-            while True:
-                done, _ = await asyncio.wait({pending}, timeout=self.watch_s)
-                if done:
-                    return pending.result()
-                if self.pipeline in self.endpoint.unready:
-                    raise no_backend(f"'{self.pipeline}' is restarting on Triton at {self.endpoint.url}; "
-                                     "the stream was cut, retry")
-        finally:
-            # also when the client hung up (this task cancelled): a step left running would keep
-            # the source busy, so its aclose() could not end the Triton stream
-            if not pending.done():
-                pending.cancel()
-                await asyncio.gather(pending, return_exceptions=True)
-            elif not pending.cancelled():
-                # the step ended (often the stream's StopAsyncIteration) just as this task was
-                # cancelled: its outcome has no reader now; marked read, asyncio logs nothing
-                pending.exception()
+        async def still_routed() -> None:
+            if self.pipeline in self.endpoint.unready:
+                raise no_backend(f"'{self.pipeline}' is restarting on Triton at {self.endpoint.url}; "
+                                 "the stream was cut, retry")
+        return await next_watched(it, self.watch_s, still_routed)
 
     async def chunks(self) -> AsyncIterator[tuple[np.ndarray, int]]:
         if self.first is None:
