@@ -16,6 +16,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+import yaml
 
 from client.triton_stream import stream_parts
 from tests.system.speech_api_fixtures import served_stack
@@ -23,6 +24,8 @@ from tests.system.speech_api_helpers import ROOT, decode, metric, wait_for
 
 pytestmark = pytest.mark.system
 MODEL = "qwen3_omni_tiny_random"
+LONG = "qwen3_omni"            # the family's pipeline, here on a checkpoint whose answers run long
+LONG_ANSWER_TOKENS = 2000      # and the talker stops only at talker_max_new_tokens
 QUANTUM = 2.0 / 32767          # s16 encoding (x 32767) decoded as x / 32768
 USER = [{"role": "user", "content": "Hello! Who are you?"}]
 GREEDY = {"temperature": 0, "seed": 5, "max_completion_tokens": 24}
@@ -31,8 +34,12 @@ GREEDY_PARAMS = {"do_sample": False, "seed": 5, "max_tokens": 24}   # what the r
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """A tritonserver with the committed Qwen3-Omni tiny random models and hibari (a model that
-    reads aloud), and a speech API in front."""
+    """A tritonserver with the committed Qwen3-Omni tiny random models, a build of the same
+    pipeline on a checkpoint whose answers run long (LONG), and hibari (a model that reads aloud),
+    and a speech API in front."""
+    from ensemble_builder.build import build
+    from omni_backend.testing.qwen3_omni_random import write_random_checkpoint
+
     base = tmp_path_factory.mktemp("omni_chat")
     repo = base / "model_repository"
     models = [MODEL, f"{MODEL}__thinker", f"{MODEL}__talker", f"{MODEL}__code2wav", "hibari", "hibari__synthesizer"]
@@ -40,6 +47,14 @@ def stack(tmp_path_factory):
         pytest.skip(f"{MODEL} is not in the model repository")
     for model in models:
         shutil.copytree(ROOT / "model_repository" / model, repo / model, ignore=shutil.ignore_patterns("__pycache__"))
+    # the committed checkpoint's answers end after 48 tokens and 64 frames (about 2 s of work):
+    # too short to be sure a client still listens when it hangs up
+    checkpoint = write_random_checkpoint(str(base / "long"), "tiny", seed=4, thinker_eos_after=LONG_ANSWER_TOKENS,
+                                         talker_eos_after=None)
+    deploy = yaml.safe_load((ROOT / "deploy" / f"{MODEL}.yaml").read_text())
+    deploy.update(pipeline=LONG, model=checkpoint)
+    (base / "long.yaml").write_text(yaml.safe_dump(deploy))
+    build(LONG, repo, base / "long.yaml")
     with served_stack(repo, base) as stack:
         yield stack
 
@@ -183,14 +198,13 @@ def test_routes_keep_chat_and_speech_apart(stack, client):
 
 
 def hang_up(server, shim, request_id: str, until: str) -> None:
-    """Stream a long answer, leave once a delta carrying `until` arrived, and check that the
-    stream and both AR stages are freed at once."""
-    # sampled: the random thinker's greedy answer to USER ends after 47 tokens, a sampled one runs on
-    body = {"model": MODEL, "messages": USER, "stream": True, "max_tokens": 4000, "temperature": 1, "seed": 1,
+    """Stream an answer of LONG (minutes of work), leave once a delta carrying `until` arrived,
+    and check that the stream and both AR stages are freed at once."""
+    body = {"model": LONG, "messages": USER, "stream": True, "max_tokens": 4000, "temperature": 1, "seed": 1,
             "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"},
             "talker_max_new_tokens": 4000}
     # the earlier tests' streams are over (their end is counted a moment after their last byte)
-    assert wait_for(lambda: metric(server, "omni_active_streams", pipeline=MODEL) == 0, 5.0)
+    assert wait_for(lambda: metric(server, "omni_active_streams", pipeline=LONG) == 0, 5.0)
     with httpx.Client(timeout=60, headers={"x-request-id": request_id}) as http:
         with http.stream("POST", f"{shim.url}/v1/chat/completions", json=body) as r:
             assert r.status_code == 200
@@ -198,12 +212,12 @@ def hang_up(server, shim, request_id: str, until: str) -> None:
                 event = json.loads(line[len("data: "):]) if line.startswith("data: {") else {}
                 if until in ((event.get("choices") or [{}])[0].get("delta") or {}).get("audio", {}):
                     break
-            assert wait_for(lambda: metric(server, "omni_active_streams", pipeline=MODEL) == 1, 2.0)
-    assert wait_for(lambda: metric(server, "omni_active_streams", pipeline=MODEL) == 0, 5.0)
+            assert wait_for(lambda: metric(server, "omni_active_streams", pipeline=LONG) == 1, 2.0)
+    assert wait_for(lambda: metric(server, "omni_active_streams", pipeline=LONG) == 0, 5.0)
     line = wait_for(lambda: [ln for ln in shim.log_text().splitlines() if request_id in ln], 5)
     assert line and "outcome=cancelled" in line[-1], shim.log_tail()
     for stage in ("thinker", "talker"):
-        assert wait_for(lambda: metric(server, "omni_stage_active_requests", model=f"{MODEL}__{stage}") == 0, 5.0), stage
+        assert wait_for(lambda: metric(server, "omni_stage_active_requests", model=f"{LONG}__{stage}") == 0, 5.0), stage
 
 
 def test_hang_up_mid_audio_frees_the_stream(stack):
