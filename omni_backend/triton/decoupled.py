@@ -35,6 +35,7 @@ from omni_backend.errors import Cancelled, InvalidRequest, PipelineError, Unavai
 from omni_backend.glibc_heaps import release_free_memory_in_background
 from omni_backend.triton import stub_process
 from omni_backend.triton.response_thread import ResponseThread
+from omni_backend.triton.stream_waits import watched
 from omni_backend.triton.worker_threads import DaemonThreadPool
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -103,11 +104,6 @@ def bytes_tensor(name: str, value: str | bytes) -> "pb_utils.Tensor":
     return pb_utils.Tensor(name, np.array([value], dtype=np.object_))
 
 
-def _drop_result(fut: "asyncio.Future") -> None:
-    if not fut.cancelled():
-        fut.exception()  # mark retrieved: it is abandoned on purpose
-
-
 class DecoupledModel:
     """Subclasses implement `setup()` and `stream(ctx)`; they yield lists of output tensors.
 
@@ -168,14 +164,7 @@ class DecoupledModel:
 
     async def wait(self, ctx: StreamContext, awaitable, poll_s: float = CANCEL_POLL_S):
         """Await something slow while watching for the client going away."""
-        fut = asyncio.ensure_future(awaitable)
-        while True:
-            done, _ = await asyncio.wait({fut}, timeout=poll_s)
-            if done:
-                return fut.result()
-            if ctx.cancelled():
-                fut.add_done_callback(_drop_result)
-                raise Cancelled()
+        return await watched(awaitable, ctx.cancelled, poll_s)
 
     def execute(self, requests: list) -> None:
         # Never a coroutine (see the module docstring): hand over and return.

@@ -33,6 +33,7 @@ from omni_backend.pipeline import StageConfig, TensorSpec
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
 from omni_backend.triton.stage_liveness import StageLiveness
+from omni_backend.triton.stream_waits import in_arrival_order
 from omni_backend.triton.text_input import STREAMING_INPUT, TextInputs
 from omni_backend.triton.transfer import Broadcast, Outputs, StageCall, ping
 
@@ -155,36 +156,15 @@ class PipelineEntry(DecoupledModel):
         run = self.pipeline.stages_run(frozenset(self.adapter.skipped_stages(request)))
         client, closers = self.graph(ctx, request, run)
         text = None
-        pending: dict[asyncio.Future, tuple[StageConfig, AsyncIterator[Outputs]]] = {}
+        merged = in_arrival_order(client, lambda stage: stage.stage_id,   # upstream first: a text delta
+                                  lambda step: self.wait(ctx, step))      # before the audio it led to
         try:
             if request.get(STREAMING_INPUT):   # registered before the first await: appends may follow at once
                 text = self.text_inputs.register(ctx.request_id, ctx.request_streams)
-            for stage, stream in client:
-                iterator = stream.__aiter__()
-                pending[asyncio.ensure_future(iterator.__anext__())] = (stage, iterator)
-            while pending:
-                done, _ = await self.wait(ctx, asyncio.wait(set(pending), return_when=asyncio.FIRST_COMPLETED))
-                # Several at once: upstream stages first (a text delta before the audio it led to).
-                for fut in sorted(done, key=lambda f: pending[f][0].stage_id):
-                    stage, iterator = pending.pop(fut)
-                    try:
-                        out = fut.result()
-                    except StopAsyncIteration:
-                        continue
-                    pending[asyncio.ensure_future(iterator.__anext__())] = (stage, iterator)
-                    yield stage, out
+            async for stage, out in merged:
+                yield stage, out
         finally:
-            # Steps still running (the client left, an abort, another stream's error) are stopped
-            # first: a generator cannot be closed while it runs, and its work must not outlive the
-            # stream. Those that ended meanwhile are left unread on purpose.
-            running = [fut for fut in pending if not fut.done()]
-            for fut in running:
-                fut.cancel()
-            if running:
-                await asyncio.wait(running)
-            for fut in pending:
-                if not fut.cancelled():
-                    fut.exception()   # marked retrieved: nobody reads it now
+            await merged.aclose()   # its running steps stop before the streams close
             if text is not None:
                 await self.text_inputs.unregister(ctx.request_id, text)
             for closer in reversed(closers):   # the stage streams themselves close with ctx

@@ -8,11 +8,7 @@ import time
 from typing import Awaitable
 
 from omni_backend.errors import Unavailable
-
-
-def _drop(fut: "asyncio.Future") -> None:
-    if not fut.cancelled():
-        fut.exception()  # abandoned on purpose
+from omni_backend.triton.stream_waits import drop_result
 
 
 class StageLiveness:
@@ -28,13 +24,16 @@ class StageLiveness:
         start = time.monotonic()
         fut = asyncio.ensure_future(ping)
         while True:
-            done, _ = await asyncio.wait({fut}, timeout=0.05)
-            if done:
-                fut.result()
-                return
+            await asyncio.wait({fut}, timeout=0.05)
+            if fut.done():
+                try:
+                    fut.result()
+                    return
+                finally:
+                    del fut   # no cycle through a raised error (omni_backend/triton/stream_waits.py)
             if self._last.get(model, 0.0) > start:
-                fut.add_done_callback(_drop)
+                fut.add_done_callback(drop_result)
                 return
             if time.monotonic() - start > timeout_s:
-                fut.add_done_callback(_drop)
+                fut.add_done_callback(drop_result)
                 raise Unavailable(f"{model}: no answer in {timeout_s:.1f} s")

@@ -208,11 +208,13 @@ def hang_up(server, shim, request_id: str, until: str) -> None:
     with httpx.Client(timeout=60, headers={"x-request-id": request_id}) as http:
         with http.stream("POST", f"{shim.url}/v1/chat/completions", json=body) as r:
             assert r.status_code == 200
-            for line in r.iter_lines():
+            lines = r.iter_lines()   # kept: a closed line iterator closes the connection
+            for line in lines:
                 event = json.loads(line[len("data: "):]) if line.startswith("data: {") else {}
                 if until in ((event.get("choices") or [{}])[0].get("delta") or {}).get("audio", {}):
                     break
             assert wait_for(lambda: metric(server, "omni_active_streams", pipeline=LONG) == 1, 2.0)
+            # leaving the block closes the connection with the answer still being written
     assert wait_for(lambda: metric(server, "omni_active_streams", pipeline=LONG) == 0, 5.0)
     line = wait_for(lambda: [ln for ln in shim.log_text().splitlines() if request_id in ln], 5)
     assert line and "outcome=cancelled" in line[-1], shim.log_tail()
