@@ -370,6 +370,9 @@ async def next_watched(it: AsyncIterator, every_s: float, check: Callable[[], Aw
             # the step ended (often with StopAsyncIteration) just as this task was cancelled:
             # its outcome has no reader now; marked read, asyncio logs nothing
             pending.exception()
+        # a raised outcome's traceback holds this frame: without the step in it, no reference
+        # cycle keeps the stream until a full collection (omni_backend/triton/stream_waits.py)
+        del pending
 
 
 async def _watched(responses: Any, client: Any, model: str, watch_s: float) -> AsyncIterator[Any]:

@@ -9,6 +9,7 @@ import weakref
 import numpy as np
 import pytest
 
+from client.triton_stream import next_watched
 from omni_backend.errors import Cancelled
 from omni_backend.glibc_heaps import release_garbage_and_free_memory
 from omni_backend.triton.stream_waits import in_arrival_order, watched
@@ -76,6 +77,29 @@ def test_a_step_that_raises_frees_its_context_at_once(no_collector):
         ctx = Context()
         with pytest.raises(ValueError):
             await watched(failing(), ctx.cancelled, 0.01)
+        return weakref.ref(ctx)
+
+    assert asyncio.run(scenario())() is None
+
+
+def test_a_watched_client_step_that_ends_the_stream_frees_it_at_once(no_collector):
+    """The client side's watched step (the speech API's streams, `client.triton_stream`)."""
+    async def scenario() -> weakref.ref:
+        ctx = Context()
+
+        async def still_routed() -> None:
+            if ctx.cancelled():
+                raise RuntimeError("not routed")
+
+        iterator = Frames("f", 2).__aiter__()
+        seen = []
+        while True:
+            try:
+                seen.append(await next_watched(iterator, 0.01, still_routed))
+            except StopAsyncIteration:
+                break
+        assert seen == ["f0", "f1"]
+        del still_routed
         return weakref.ref(ctx)
 
     assert asyncio.run(scenario())() is None
