@@ -84,3 +84,26 @@ def test_voice_session_keeps_no_arena_same_audio_and_bounded_threads():
         assert (voice.synthesize(text, seed=3) == Hibari(voice="heart")(text, seed=3)).all()
     finally:
         voice.close()
+
+
+def test_no_audio_sized_buffer_outlives_its_sentence():
+    import gc
+    import tracemalloc
+
+    from omni_backend.models.hibari import HibariVoice
+
+    voice = HibariVoice(max_concurrent=1)
+    try:
+        voice.synthesize("Once more to warm up.", seed=0)
+        tracemalloc.start()
+        try:
+            # eight sentence lengths, as many as the wheel's inverse STFT used to keep
+            for n in range(8):
+                voice.synthesize(" ".join(["seven"] * (6 + 4 * n)) + ".", seed=n)
+            gc.collect()
+            kept, _ = tracemalloc.get_traced_memory()   # numpy reports its buffers here too
+        finally:
+            tracemalloc.stop()
+        assert kept < 1 << 20, f"{kept / 2**20:.1f} MB still allocated after the sentences"
+    finally:
+        voice.close()
