@@ -39,6 +39,10 @@ SLOW_BEAT_S = 2.0    # a heartbeat older than this is logged (how starved the st
 # starved host every beat is late, unevenly (seen: 111 s beside a freshest of 25 s), and a
 # reload there only adds work.
 FRESH_BEAT_S = 5.0
+# A reloaded pipeline's old stubs normally finish unloading within a second or two. A stage whose
+# streams belonged to an entry that was killed never does in 2.51 (nobody takes its responses):
+# one was seen alive 25 minutes after its pipeline's reload, keeping its memory.
+OLD_STUB_GRACE_S = 15.0
 
 
 def _die_with_parent() -> None:
@@ -339,6 +343,21 @@ class Supervisor:
         # exited would find no stubs and heal the next server's pipelines with this one's state
         if reloaded and not self.stop_requested.is_set():
             self._heal_if_stub_missing(state)
+            self._spawn(self._kill_old_stubs(p.name, old))
+
+    async def _kill_old_stubs(self, name: str, old: set[int]) -> None:
+        """Kill the stubs of a reloaded pipeline's old instances still running OLD_STUB_GRACE_S
+        after its reload: they serve nothing now (the new instances answer), and a stuck one
+        would keep its memory for as long as the server runs."""
+        server = self.proc
+        await asyncio.sleep(OLD_STUB_GRACE_S)
+        if self.proc is not server or server.returncode is not None or self.stop_requested.is_set():
+            return
+        left = [s for s in stubs.stubs_of(server.pid) if s.pid in old and stubs.alive(s)]
+        if left:
+            log.warning("%s: killing %d stub(s) of its old instances still running %.0f s after its reload: %s",
+                        name, len(left), OLD_STUB_GRACE_S, ", ".join(f"{s.model} (pid {s.pid})" for s in left))
+            stubs.kill(left)
 
     async def _reload(self, p: Pipeline, why: str) -> None:
         # Open streams hold the entry (Triton finalizes a model only after its last stream), and

@@ -279,6 +279,7 @@ class DecoupledModel:
             asyncio.run_coroutine_threadsafe(self.abort_all(reason), self.loop).result(5.0)
         except Exception:  # noqa: BLE001 - unloading goes on whatever a stream does
             pb_utils.Logger.log_warn(f"{self.model_name}: streams still open at unload")
+        stub_process.stop_loop_watch()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(2.0)
         self.responses.close()   # the last responses leave before the process ends

@@ -18,7 +18,10 @@ stub from an overloaded one; a heartbeat that stops while the process lives can.
 stops while the stub's responses have waited STALL_REPORT_S with none leaving (`stalled`, the
 response thread's): a loop that ticks while nothing reaches a client is stuck too. Either stall
 also has every thread's stack written to the stub's stderr (the server log) once: what held it is
-then on record, whether or not it recovers.
+then on record, whether or not it recovers. A stalled loop's stacks come from faulthandler's
+watchdog (a C thread, re-armed by every tick; its report starts `Timeout (0:00:10)!`): a Python
+thread cannot report a stall while some thread holds the GIL (it reports once the GIL is free, if
+ever), and one entry stub's loop stopped for 20 s with nothing on record until it was killed.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from typing import Callable
 
 SHM_PREFIX = "triton_python_backend_shm_region_"
 _started = False
+_watching_loop = False
 
 
 def stub_shm_region() -> str | None:
@@ -92,16 +96,18 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
     path = Path(folder) / str(os.getpid())
     _beat(path)
     if loop is not None:
-        last_tick = [time.monotonic()]
+        global _watching_loop
+        _watching_loop = True
         responses_stalled = stalled or (lambda: 0.0)
 
         def tick() -> None:
-            last_tick[0] = time.monotonic()
+            if _watching_loop:   # the stacks of a loop that stops ticking, once, STALL_REPORT_S on
+                faulthandler.dump_traceback_later(STALL_REPORT_S, file=sys.stderr)
             if responses_stalled() < STALL_REPORT_S:
                 _beat(path)
             loop.call_later(HEARTBEAT_S, tick)
         loop.call_soon_threadsafe(tick)
-        threading.Thread(target=_report_stalls, args=(loop, last_tick, responses_stalled, STALL_REPORT_S),
+        threading.Thread(target=_report_stalls, args=(loop, responses_stalled, STALL_REPORT_S),
                          name="stall-report", daemon=True).start()
         return
 
@@ -112,18 +118,19 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
     threading.Thread(target=run, name="heartbeat", daemon=True).start()
 
 
-def _report_stalls(loop: asyncio.AbstractEventLoop, last_tick: list[float],
-                   responses_stalled: Callable[[], float], after_s: float) -> None:
-    """Write every thread's stack once per stall of `loop` (which updates `last_tick[0]`) and
-    once per stall of its responses."""
-    reported_tick = None
+def stop_loop_watch() -> None:
+    """The loop stops on purpose (the model is being unloaded): no stall report for it."""
+    global _watching_loop
+    _watching_loop = False
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _report_stalls(loop: asyncio.AbstractEventLoop, responses_stalled: Callable[[], float],
+                   after_s: float) -> None:
+    """Write every thread's stack once per stall of `loop`'s responses."""
     responses_reported = False
     while not loop.is_closed():
         time.sleep(after_s / 4)
-        tick = last_tick[0]
-        if time.monotonic() - tick >= after_s and reported_tick != tick:
-            reported_tick = tick
-            _dump_stacks(f"event loop stalled for {time.monotonic() - tick:.1f} s")
         waited = responses_stalled()
         if waited >= after_s and not responses_reported:
             _dump_stacks(f"responses waited {waited:.1f} s with none leaving")
@@ -137,6 +144,7 @@ def _dump_stacks(what: str) -> None:
 
 def exit_after_finalize(code: int = 0) -> None:
     """End the stub now (call last in `finalize`): flush what Python buffered, skip teardown."""
+    stop_loop_watch()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

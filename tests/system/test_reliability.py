@@ -247,6 +247,37 @@ def test_a_frozen_stage_is_killed_and_reloaded(own_server):
             pass
 
 
+def test_a_frozen_entry_leaves_no_stub_of_its_old_instances_after_the_heal(own_server):
+    """An entry that stops with streams in its stages is killed and its pipeline reloaded; the old
+    stage stubs, whose streams nobody can answer now, may never finish unloading in 2.51: they
+    are killed too (else each heal keeps a stage's memory, a GPU's included, for good)."""
+    server = own_server
+    streams = [Stream(server.grpc_url, QWEN, f"Stream number {i} talks for a long time.", LONG).start()
+               for i in range(4)]
+    for s in streams:
+        assert s.first.wait(120), s.end
+    old = [s for s in stubs.stubs_of(server_pid(server)) if s.model.startswith(QWEN)]
+    assert {s.model for s in old} == {QWEN, f"{QWEN}__talker", f"{QWEN}__code2wav"}
+    entry = next(s for s in old if s.model == QWEN)
+    os.kill(entry.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: "reloaded" in server.log_text(), 180, 0.2)
+        wait_until(lambda: ready(server) == 200 and model_ready(server, QWEN), 60, 0.2)
+        # gone within the supervisor's grace after the reload (15 s), not left beside the new ones
+        wait_until(lambda: not any(stubs.alive(s) for s in old), 30, 0.2)
+        new = [s for s in stubs.stubs_of(server_pid(server)) if s.model.startswith(QWEN)]
+        assert sorted(s.model for s in new) == sorted(s.model for s in old)
+        again = Stream(server.grpc_url, QWEN, "Back again.").start()
+        again.wait(120)
+        assert again.end == "final" and again.chunks >= 1
+    finally:
+        for s in old:
+            try:
+                os.kill(s.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_a_killed_entry_ends_its_speech_api_and_client_streams(own_server, tmp_path):
     """Triton 2.51 cannot answer the streams of an entry whose stub died; the speech API and
     `client.triton_stream` (sync and asyncio) see the pipeline unloaded for its restart and end
