@@ -311,7 +311,8 @@ class Supervisor:
         p = state.pipeline
         t0 = time.monotonic()
         reloaded = False
-        old = {s.pid for s in stubs.stubs_of(self.proc.pid) if s.model in p.models}
+        old_stubs = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
+        old = {s.pid for s in old_stubs}
         log.error("pipeline %s failed: %s; reloading %s", p.name, failure, ", ".join(p.models))
         try:
             if not self.opts.explicit_models:
@@ -343,9 +344,9 @@ class Supervisor:
         # exited would find no stubs and heal the next server's pipelines with this one's state
         if reloaded and not self.stop_requested.is_set():
             self._heal_if_stub_missing(state)
-            self._spawn(self._kill_old_stubs(p.name, old))
+            self._spawn(self._kill_old_stubs(p.name, old_stubs))
 
-    async def _kill_old_stubs(self, name: str, old: set[int]) -> None:
+    async def _kill_old_stubs(self, name: str, old: list[stubs.Stub]) -> None:
         """Kill the stubs of a reloaded pipeline's old instances still running OLD_STUB_GRACE_S
         after its reload: they serve nothing now (the new instances answer), and a stuck one
         would keep its memory for as long as the server runs."""
@@ -353,7 +354,7 @@ class Supervisor:
         await asyncio.sleep(OLD_STUB_GRACE_S)
         if self.proc is not server or server.returncode is not None or self.stop_requested.is_set():
             return
-        left = [s for s in stubs.stubs_of(server.pid) if s.pid in old and stubs.alive(s)]
+        left = [s for s in old if stubs.alive(s)]   # the same process: its pid not reused
         if left:
             log.warning("%s: killing %d stub(s) of its old instances still running %.0f s after its reload: %s",
                         name, len(left), OLD_STUB_GRACE_S, ", ".join(f"{s.model} (pid {s.pid})" for s in left))

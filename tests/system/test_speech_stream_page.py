@@ -9,11 +9,25 @@ import time
 
 import pytest
 
+from client.speech_api.process import ShimProcess
 from tests.system.chromium_cdp import CHROMIUM, Chromium
 from tests.system.streaming_text_fixtures import QWEN
 
 pytest_plugins = ["tests.system.streaming_text_fixtures"]
 pytestmark = pytest.mark.system
+
+
+@pytest.fixture(scope="module")
+def page_shim(text_triton, tmp_path_factory):
+    """The speech API with its default session limits, as the page's users get it (the shared
+    text_shim's 3 s idle timeout, there for the idle test, would cut a slow browser's session
+    before its first word)."""
+    server = ShimProcess([text_triton.grpc_url], log_path=tmp_path_factory.mktemp("page_shim") / "shim.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _wait(browser: Chromium, expression: str, timeout_s: float):
@@ -31,11 +45,11 @@ def _click(browser: Chromium, selector: str) -> None:
     browser.click(selector)
 
 
-def test_live_mode_speaks_while_typing(text_shim, tmp_path):
+def test_live_mode_speaks_while_typing(page_shim, tmp_path):
     assert os.path.exists(CHROMIUM), "the browser test needs Debian's chromium (apt-get install -y chromium)"
     browser = Chromium().start()
     try:
-        browser.navigate(f"{text_shim.url}/")
+        browser.navigate(f"{page_shim.url}/")
         _wait(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
         browser.evaluate(f"(() => {{ const m = document.getElementById('model'); m.value = {json.dumps(QWEN)};"
                          " m.dispatchEvent(new Event('change')); })()")
