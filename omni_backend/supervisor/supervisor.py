@@ -311,8 +311,7 @@ class Supervisor:
         p = state.pipeline
         t0 = time.monotonic()
         reloaded = False
-        old_stubs = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
-        old = {s.pid for s in old_stubs}
+        old = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
         log.error("pipeline %s failed: %s; reloading %s", p.name, failure, ", ".join(p.models))
         try:
             if not self.opts.explicit_models:
@@ -337,14 +336,14 @@ class Supervisor:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 30.0)
         finally:
-            self._record_stubs(state, old)
+            self._record_stubs(state, {s.pid for s in old})
             self._answered(state, await asyncio.get_running_loop().run_in_executor(None, self.control.progress))
             state.healing = False
         # only after a reload that ran to its end: a heal cancelled because the server itself
         # exited would find no stubs and heal the next server's pipelines with this one's state
         if reloaded and not self.stop_requested.is_set():
             self._heal_if_stub_missing(state)
-            self._spawn(self._kill_old_stubs(p.name, old_stubs))
+            self._spawn(self._kill_old_stubs(p.name, old))
 
     async def _kill_old_stubs(self, name: str, old: list[stubs.Stub]) -> None:
         """Kill the stubs of a reloaded pipeline's old instances still running OLD_STUB_GRACE_S

@@ -31,7 +31,9 @@ def _uncache_overlap_add_norm() -> None:
     more kept with it). Recomputing it costs 3.5 ms for a 12 s sentence."""
     from hibari import dsp
 
-    dsp._ola_norm = getattr(dsp._ola_norm, "__wrapped__", dsp._ola_norm)
+    cached = getattr(dsp, "_ola_norm", None)   # a private name: a later wheel may not have it
+    if cached is not None:
+        dsp._ola_norm = getattr(cached, "__wrapped__", cached)
 
 
 class HibariVoice:
