@@ -1,11 +1,11 @@
 """Streaming BLS calls from the entry model to decoupled stage models.
 
-`InferenceRequest.exec(decoupled=True)` returns an iterator whose `next()` blocks, so it is
-pulled from the model's thread pool, never on the event loop. Triton 2.51 cannot cancel a BLS
-stream from the caller's side, so cancellation travels as a control request (`CONTROL=cancel`
-with the same REQUEST_ID) that makes the stage end that stream; the rest of the stream is then
-drained so nothing is left in shared memory. Text for a running stream travels the same way
-(`CONTROL=append`, omni_backend/triton/text_input.py).
+Every call here gets exactly one response: a stage's stream is read one response per call
+(`CONTROL=open`, then `CONTROL=pull`; omni_backend/triton/pulled_stream.py says why). The calls
+block, so they run on the model's thread pool, never on the event loop. Triton 2.51 cannot cancel
+a BLS call from the caller's side, so cancellation travels as a control request (`CONTROL=cancel`
+with the same REQUEST_ID) that makes the stage end that stream and answer a pull in flight. Text
+for a running stream travels the same way (`CONTROL=append`, omni_backend/triton/text_input.py).
 """
 from __future__ import annotations
 
@@ -62,15 +62,10 @@ def call_stage(model_name: str, inputs: list, outputs: list[str], request_id: st
     return _outputs(response, outputs)
 
 
-def _drain(it) -> None:
-    for _ in it:
-        pass
-
-
 def cancel_stage_request(model_name: str, request_id: str) -> None:
     """Ask a stage to end the stream with this request id (blocking; run in a thread)."""
     inputs = [bytes_tensor("REQUEST_ID", request_id), bytes_tensor("CONTROL", "cancel")]
-    _drain(_start(model_name, inputs, [], f"{request_id}-cancel"))
+    list(_start(model_name, inputs, [], f"{request_id}-cancel"))
 
 
 def append_stage_text(model_name: str, request_id: str, text: str, end: bool) -> None:
@@ -88,21 +83,21 @@ def append_stage_inputs(model_name: str, request_id: str, tensors: list, end: bo
 def _append(model_name: str, request_id: str, fields: dict, tensors: list) -> None:
     inputs = [bytes_tensor("REQUEST_ID", request_id), bytes_tensor("CONTROL", "append"),
               bytes_tensor("REQUEST", json.dumps(fields)), *tensors]
-    for resp in _start(model_name, inputs, [], f"{request_id}-append"):
-        if resp.has_error():
-            raise StageFailed(resp.error().message(), model_name)
+    _one_response(model_name, inputs, [], f"{request_id}-append")
 
 
 def ping_stage(model_name: str, request_id: str) -> None:
     """Ask a decoupled stage whether it answers (blocking; raises StageFailed)."""
     inputs = [bytes_tensor("REQUEST_ID", request_id), bytes_tensor("CONTROL", "ping")]
-    for resp in _start(model_name, inputs, [], request_id):
-        if resp.has_error():
-            raise StageFailed(resp.error().message(), model_name)
+    _one_response(model_name, inputs, [], request_id)
 
 
 class StageStream:
-    """One streaming call to a stage; an async iterator of {output name: numpy array}."""
+    """One stream on a stage, an async iterator of {output name: numpy array}.
+
+    Read one response per BLS call (omni_backend/triton/pulled_stream.py says why): `CONTROL=open`
+    with the inputs answers with the first response, each `CONTROL=pull` with the next; a
+    response without outputs is the end."""
 
     def __init__(self, executor: Executor, model_name: str, request_id: str,
                  inputs: list["pb_utils.Tensor"], outputs: list[str], liveness: StageLiveness | None = None):
@@ -112,55 +107,54 @@ class StageStream:
         self.request_id = request_id
         self.inputs = inputs
         self.outputs = outputs
-        self._it = None
         self._done = False
-        self._starting: asyncio.Future | None = None  # the in-flight exec() that opens the stream
-        self._pending: asyncio.Future | None = None   # the in-flight next() on the iterator
+        self._starting: asyncio.Future | None = None  # the in-flight open, answered with the first response
+        self._pending: asyncio.Future | None = None   # the in-flight pull
         self._opened = asyncio.Event()                 # the stage has the request (or opening failed)
 
     async def __aiter__(self) -> AsyncIterator[dict[str, np.ndarray]]:
         loop = asyncio.get_running_loop()
         # Shielded: cancelling the reader must not cancel these futures. A cancelled executor
-        # future is done at once while its thread still runs `next()`, and aclose() would then
-        # drain the iterator from a second thread (two threads on one BLS iterator stalled a
-        # whole entry process for 20 s under overload).
+        # future is done at once while its thread still waits for the stage's answer, and aclose()
+        # must know when that call is over.
         self._starting = loop.run_in_executor(self.executor, self._open, loop)
         try:
-            self._it = await asyncio.shield(self._starting)
+            resp = await asyncio.shield(self._starting)
         finally:
             self._opened.set()
         while True:
-            if self._done:  # aclose() took over the iterator while it was being opened
+            if self._done:  # aclose() took over
                 return
-            self._pending = loop.run_in_executor(self.executor, next, self._it, None)
-            resp = await asyncio.shield(self._pending)
-            self._pending = None
-            if self.liveness is not None and resp is not None:
+            if self.liveness is not None:
                 self.liveness.answered(self.model_name)
-            if self._done:  # aclose() took over the iterator
-                return
-            if resp is None:
-                self._done = True
-                return
-            if resp.has_error():
-                self._done = True
-                _drain_quietly(self._it)
-                raise StageFailed(resp.error().message(), self.model_name)
             out = _outputs(resp, self.outputs)
+            if not out:
+                self._done = True
+                return
             if ERROR_OUTPUT in out:
                 self._done = True
-                _drain_quietly(self._it)
+                self.executor.submit(_pull_quietly, self.model_name, self.request_id, self.outputs)   # its end
                 message = out[ERROR_OUTPUT].reshape(-1)[0]
                 raise StageFailed(message.decode(errors="replace") if isinstance(message, bytes) else str(message),
                                   self.model_name)
-            if out:
-                yield out
+            yield out
+            if self._done:
+                return
+            self._pending = loop.run_in_executor(self.executor, _pull, self.model_name, self.request_id, self.outputs)
+            try:
+                resp = await asyncio.shield(self._pending)
+            except Exception:
+                if self._done:   # aclose() stopped the stream before this pull reached the stage
+                    return
+                raise
+            self._pending = None
 
     def _open(self, loop: asyncio.AbstractEventLoop):
-        # exec() may return only with the stream's first response, which can depend on text still
-        # to be appended: `opened` is signalled as the request goes out, not when exec() returns.
+        # The open may be answered only with the stream's first response, which can depend on text
+        # still to be appended: `opened` is signalled as the request goes out, not when it returns.
         loop.call_soon_threadsafe(self._opened.set)
-        return _start(self.model_name, self.inputs, self.outputs, self.request_id)
+        return _one_response(self.model_name, [*self.inputs, bytes_tensor("CONTROL", "open")], self.outputs,
+                             self.request_id)
 
     async def opened(self) -> None:
         """Return once the request is on its way to the stage (a control message for it, such as
@@ -168,34 +162,36 @@ class StageStream:
         await self._opened.wait()
 
     async def aclose(self) -> None:
-        """Stop the stage's stream if it is still running and drain what is left. A stream
-        whose opening call is still in flight (the client left right after asking) is waited
-        for, then stopped and drained too: left alone, its responses would never be read."""
+        """Stop the stage's stream if it is still running. A stream whose opening call is still in
+        flight (the client left right after asking) is stopped as soon as the request is on its
+        way; a call in flight is waited for (the stop answers it)."""
         if self._done or self._starting is None:
             self._done = True
             return
         self._done = True
         loop = asyncio.get_running_loop()
-        cancelled = False
         if not self._starting.done():
-            # exec() returns with the stage's first response, which may wait for input that now
-            # never comes (appended text or tokens): cancel as soon as the request is on its way
             await self._opened.wait()
-            await loop.run_in_executor(self.executor, cancel_stage_request, self.model_name, self.request_id)
-            cancelled = True
-        try:
-            it = await asyncio.shield(self._starting)
-        except Exception:  # the stream never opened: nothing to stop
-            return
-        if not cancelled:
-            await loop.run_in_executor(self.executor, cancel_stage_request, self.model_name, self.request_id)
-        if self._pending is not None:  # never two threads on one iterator
-            await asyncio.wait({self._pending})
-        await loop.run_in_executor(self.executor, _drain_quietly, it)
+        await loop.run_in_executor(self.executor, cancel_stage_request, self.model_name, self.request_id)
+        await asyncio.wait({f for f in (self._starting, self._pending) if f is not None})
 
 
-def _drain_quietly(it) -> None:
+def _one_response(model_name: str, inputs: list, outputs: list[str], request_id: str):
+    """A call to a stream stage answered with one response (raises StageFailed with Triton's error)."""
+    responses = list(_start(model_name, inputs, outputs, request_id))
+    for resp in responses:
+        if resp.has_error():
+            raise StageFailed(resp.error().message(), model_name)
+    return responses[0]
+
+
+def _pull(model_name: str, request_id: str, outputs: list[str]):
+    inputs = [bytes_tensor("REQUEST_ID", request_id), bytes_tensor("CONTROL", "pull")]
+    return _one_response(model_name, inputs, outputs, f"{request_id}-pull")
+
+
+def _pull_quietly(model_name: str, request_id: str, outputs: list[str]) -> None:
     try:
-        _drain(it)
-    except Exception:  # the stream is being abandoned; its errors have no reader
+        _pull(model_name, request_id, outputs)
+    except Exception:  # the stream is over; its end has no reader
         pass

@@ -46,9 +46,10 @@ CANCEL_POLL_S = 0.1   # how often a waiting stream checks whether its client lef
 class StreamContext:
     """Per-request state of one stream; lives exactly as long as the stream."""
 
-    def __init__(self, request: "pb_utils.InferenceRequest"):
+    def __init__(self, request: "pb_utils.InferenceRequest", sender: Any = None):
         self.request = request
-        self.sender = request.get_response_sender()
+        # the request's response sender, or what stands in for it (a stream pulled by its caller)
+        self.sender = sender if sender is not None else request.get_response_sender()
         self.request_id = request.request_id() or ""
         self._cancelled = False
         self.abort: PipelineError | None = None   # why the model ended this stream itself
@@ -177,15 +178,20 @@ class DecoupledModel:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _dispatch(self, request: "pb_utils.InferenceRequest") -> None:
+    def command(self, request: "pb_utils.InferenceRequest") -> str | None:
+        """The request's CONTROL message, or None for a stream."""
         command = input_bytes(request, "CONTROL") if self._has_control_input() else None
+        return None if command is None else command.decode(errors="replace").strip()
+
+    async def _dispatch(self, request: "pb_utils.InferenceRequest") -> None:
+        command = self.command(request)
         if command is None:
             await self._serve(request)
             return
         sender = request.get_response_sender()
         error = None
         try:
-            await self.control(request, command.decode(errors="replace").strip())
+            await self.control(request, command)
         except PipelineError as e:
             error = str(e)
         except Exception as e:  # noqa: BLE001 - a control message never takes the model down
@@ -199,8 +205,8 @@ class DecoupledModel:
             self._control_input = any(i.get("name") == "CONTROL" for i in self.model_config.get("input", []))
         return self._control_input
 
-    async def _serve(self, request: "pb_utils.InferenceRequest") -> None:
-        ctx = StreamContext(request)
+    async def _serve(self, request: "pb_utils.InferenceRequest", sender: Any = None) -> None:
+        ctx = StreamContext(request, sender)
         ctx.task = asyncio.current_task()
         self.active[id(ctx)] = ctx
         outcome, code, error = "ok", None, None
@@ -209,6 +215,8 @@ class DecoupledModel:
             async for tensors in self.stream(ctx):
                 if ctx.final_sent or ctx.cancelled():
                     raise Cancelled()
+                if not tensors:   # nothing to say (a pulled stream's empty response is its end)
+                    continue
                 sent = self.responses.send(ctx.sender, pb_utils.InferenceResponse(output_tensors=tensors))
                 try:
                     await asyncio.wrap_future(sent)

@@ -3,7 +3,9 @@
 Inputs: REQUEST (JSON: the adapter's normalized request; stages fed by the client's request),
 the stage's declared tensors (stages fed by other stages: codes, hidden states), REQUEST_ID, and
 CONTROL for out-of-band messages: `cancel` ends the stream with that REQUEST_ID (see bls.py for
-why; one that comes before its stream ends the stream as it arrives), `ping` answers at once (liveness), `append` gives the stream with that REQUEST_ID more text
+why; one that comes before its stream ends the stream as it arrives), `ping` answers at once (liveness),
+`open` starts a stream whose caller pulls each later response with `pull` and the same REQUEST_ID
+(how the entry reads stages: omni_backend/triton/pulled_stream.py), `append` gives the stream with that REQUEST_ID more text
 (REQUEST: `{"text": "...", "end": bool}`; a stage that reads text as it arrives implements
 `on_append`, see omni_backend/triton/text_input.py) or, from a transfer, more of its declared
 input tensors (REQUEST: `{"end": bool}` and the tensors; `on_append_inputs`).
@@ -21,8 +23,9 @@ import triton_python_backend_utils as pb_utils
 from omni_backend.errors import InvalidRequest, PipelineError
 from omni_backend.families import built_model
 from omni_backend.triton.bls import ERROR_OUTPUT
-from omni_backend.triton.decoupled import DecoupledModel, StreamContext, bytes_tensor, input_bytes
+from omni_backend.triton.decoupled import FINAL, DecoupledModel, StreamContext, bytes_tensor, input_bytes
 from omni_backend.triton.metrics import StageMetrics
+from omni_backend.triton.pulled_stream import UNCLAIMED_S, PulledStream
 from omni_backend.triton.text_input import TARGET_WAIT_S, parse_stage_append
 
 
@@ -39,6 +42,8 @@ class StageModel(DecoupledModel):
         # cancels that came before their stream (a caller that left while its request was on the
         # way): request id -> when; the stream is cancelled as it arrives
         self.early_cancels: dict[str, float] = {}
+        # streams opened with CONTROL=open, by request id, until their end is pulled
+        self.pulled: dict[str, PulledStream] = {}
         self.metrics = StageMetrics(self.model_name)
         self.metrics.active.set(0)   # a reloaded stage starts from the truth, not the dead one's count
         self.load()
@@ -60,10 +65,63 @@ class StageModel(DecoupledModel):
         raise NotImplementedError
         yield  # pragma: no cover
 
+    async def _dispatch(self, request: "pb_utils.InferenceRequest") -> None:
+        command = self.command(request)
+        if command == "open":
+            await self._open(request)
+        elif command == "pull":
+            self._pull(request)
+        else:
+            await super()._dispatch(request)
+
+    async def _open(self, request: "pb_utils.InferenceRequest") -> None:
+        """A stream whose first response answers this request and each later one a `pull`."""
+        self._forget_unclaimed()
+        rid = _request_id(request)
+        stream = PulledStream(request.get_response_sender(), self.responses)
+        self.pulled[rid] = stream
+        try:
+            await self._serve(request, stream)
+        finally:
+            if stream.finished and self.pulled.get(rid) is stream:
+                del self.pulled[rid]
+
+    def _pull(self, request: "pb_utils.InferenceRequest") -> None:
+        rid = _request_id(request)
+        stream = self.pulled.get(rid)
+        if stream is None:
+            error = InvalidRequest("REQUEST_ID", f"{self.model_name} has no open stream {rid!r} to pull from")
+            self.responses.send(request.get_response_sender(), self.error_response(str(error)), FINAL)
+            return
+        stream.pull(request.get_response_sender())
+        if stream.finished:
+            del self.pulled[rid]
+
+    def _forget_unclaimed(self) -> None:
+        """Streams whose caller stopped pulling (an entry that died) are stopped and forgotten."""
+        for rid, stream in list(self.pulled.items()):
+            if stream.finished:
+                del self.pulled[rid]
+            elif stream.unclaimed_for() > UNCLAIMED_S:
+                self._cancel(rid)
+
+    def _cancel(self, rid: str) -> bool:
+        """End the stream with this request id and whatever its caller still waits for; False
+        when no such stream runs."""
+        stream = self.pulled.pop(rid, None)
+        if stream is not None:
+            stream.close()
+        target = self.by_request_id.get(rid)
+        if target is None:
+            return False
+        target.cancel()
+        self.on_cancel(target)
+        return True
+
     async def control(self, request: "pb_utils.InferenceRequest", command: str) -> None:
         if command not in ("cancel", "append"):
             return await super().control(request, command)
-        rid = (input_bytes(request, "REQUEST_ID") or b"").decode() or (request.request_id() or "")
+        rid = _request_id(request)
         target = self.by_request_id.get(rid)
         if command == "append":
             text, end = parse_stage_append(input_bytes(request, "REQUEST"))
@@ -81,9 +139,7 @@ class StageModel(DecoupledModel):
             else:
                 await self.on_append(target, text, end)
             return
-        if target is not None:
-            target.cancel()
-            self.on_cancel(target)
+        if self._cancel(rid):
             return
         now = time.monotonic()
         for old, when in list(self.early_cancels.items()):   # a stream that never came is forgotten
@@ -160,6 +216,10 @@ class StageModel(DecoupledModel):
             yield event
             if event.finished:
                 return
+
+
+def _request_id(request: "pb_utils.InferenceRequest") -> str:
+    return (input_bytes(request, "REQUEST_ID") or b"").decode() or (request.request_id() or "")
 
 
 class ForgetOnRelease:
