@@ -20,6 +20,7 @@ import triton_python_backend_utils as pb_utils
 from omni_backend.errors import PipelineError, error_code, with_code
 from omni_backend.triton.decoupled import bytes_tensor
 from omni_backend.triton.stage_liveness import StageLiveness
+from omni_backend.triton.stream_waits import drop_result
 
 
 class StageFailed(PipelineError):
@@ -137,10 +138,13 @@ class StageStream:
                 message = out[ERROR_OUTPUT].reshape(-1)[0]
                 raise StageFailed(message.decode(errors="replace") if isinstance(message, bytes) else str(message),
                                   self.model_name)
+            # the next pull travels while this response is used: a response the stage makes
+            # meanwhile is answered at once, as a streamed one would leave
+            self._pending = loop.run_in_executor(self.executor, _pull, self.model_name, self.request_id, self.outputs)
+            self._pending.add_done_callback(drop_result)   # read below, or abandoned by aclose()
             yield out
             if self._done:
                 return
-            self._pending = loop.run_in_executor(self.executor, _pull, self.model_name, self.request_id, self.outputs)
             try:
                 resp = await asyncio.shield(self._pending)
             except Exception:
