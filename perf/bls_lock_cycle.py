@@ -13,7 +13,8 @@ the three that form the cycle are named.
 `--pattern stream`: each stream ends with a separate FINAL response (how a stage's stream ends),
 so the caller's reading thread waits in `ResponseIterator::Next` while later responses arrive.
 `--pattern single`: every `burst` call answers with exactly one response that carries the
-FINAL flag, so no iterator ever receives a response after `exec` returned.
+FINAL flag, so no iterator ever receives a response after `exec` returned (how the entry reads
+its stages: omni_backend/triton/pulled_stream.py).
 
 Prints one line per run: requests made, responses read, and FROZEN with the stacks' summary or
 `no freeze`. Exits 1 on a freeze.
