@@ -67,7 +67,17 @@ async def in_arrival_order(streams: list[tuple[K, AsyncIterator]], rank: Callabl
         running = [fut for fut in pending if not fut.done()]
         for fut in running:
             fut.cancel()
-        if running:
-            await asyncio.wait(running)
+        cancelled = False
+        while running:
+            # a second cancellation (a cancel message after the client was seen gone) must not cut
+            # this short: a step left running keeps its generator busy, and closing that
+            # generator then fails ("aclose(): asynchronous generator is already running")
+            try:
+                await asyncio.wait(running)
+                break
+            except asyncio.CancelledError:
+                cancelled = True
         for fut in pending:
             drop_result(fut)
+        if cancelled:
+            raise asyncio.CancelledError()

@@ -164,6 +164,48 @@ def test_closing_early_stops_the_running_steps():
     asyncio.run(scenario())
 
 
+def test_a_second_cancellation_still_lets_the_running_steps_finish():
+    """The consumer's task cancelled again while the merge stops its steps (a cancel message
+    right after the client was seen gone): the steps still end before the merge does, so the
+    stage streams can be closed after it (else: "aclose(): asynchronous generator is already
+    running", and the stream's cleanup stops half way)."""
+    async def scenario() -> None:
+        class SlowToStop:
+            async def __aiter__(self):
+                yield "first"
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    await asyncio.sleep(0.2)   # closing a stage stream takes a round trip
+                    raise
+                yield "never"
+
+        source = SlowToStop().__aiter__()
+
+        class Once:
+            def __aiter__(self):
+                return source
+
+        async def consume() -> None:   # as the entry reads its stages' streams
+            merged = in_arrival_order([(0, Once())], lambda k: k, lambda step: step)
+            try:
+                async for _ in merged:
+                    await asyncio.sleep(60)
+            finally:
+                await merged.aclose()
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.05)
+        task.cancel()                  # the client left
+        await asyncio.sleep(0.05)
+        task.cancel()                  # and its cancel message came
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await source.aclose()          # not running any more
+
+    asyncio.run(scenario())
+
+
 def test_the_periodic_release_frees_cycles(no_collector):
     class Node:
         pass
