@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from omni_backend.supervisor import stubs
+from omni_backend.supervisor import server_output, stubs
 from omni_backend.supervisor.options import SupervisorOptions
 from omni_backend.supervisor.triton_control import PingFailed, Pipeline, TritonControl
 from omni_backend.triton import server_binary, stub_process
@@ -83,6 +83,7 @@ class Supervisor:
         self.repository = os.path.realpath(opts.flag("model-repository") or opts.flag("model-store") or ".")
         self.heartbeats = ""   # the folder stubs beat in (stub_process.start_heartbeat), made by run()
         self.starved = False   # every stub's heartbeat was old at the last check
+        self.crashed = False   # the running server said it crashed (server_output): it is being ended
 
     # -- lifecycle
     async def run(self) -> int:
@@ -149,7 +150,12 @@ class Supervisor:
         env = {**server_binary.server_env(), stub_process.HEARTBEAT_ENV: self.heartbeats}
         self.server_started = time.time()
         self.proc = await asyncio.create_subprocess_exec(
-            *argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+            *argv, env=env, start_new_session=True, preexec_fn=_die_with_parent,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        proc = self.proc
+        self.crashed = False
+        output = asyncio.ensure_future(server_output.forward(
+            proc.stdout, lambda line: self._spawn(self._end_crashed(proc, line))))
         self.control = TritonControl(self.opts.grpc_url, self.opts.metrics_url)
         self.states.clear()
         was_ready = False
@@ -169,14 +175,34 @@ class Supervisor:
                     self._note_stubs()
                     was_ready = await self._became_ready()
                     continue
-                self._check_stubs()
-                self._probe_all()
+                if not self.crashed:   # a crashed server's stubs die with it: no heal
+                    self._check_stubs()
+                    self._probe_all()
         finally:
             stop.cancel()
             for task in list(self.tasks):
                 task.cancel()
             await self.control.close()
             self._clean_after(self.proc.pid)
+            # what it wrote last is passed on; stubs it left may hold the pipe open: not waited for
+            try:
+                await asyncio.wait_for(asyncio.shield(output), 1.0)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - only the log's last lines
+                output.cancel()
+
+    async def _end_crashed(self, proc: asyncio.subprocess.Process, line: bytes) -> None:
+        """tritonserver said it crashed (server_output): it ends now, by itself or killed."""
+        self.crashed = True
+        log.error("tritonserver %s; it is restarted (killed if still running in %.0f s)",
+                  line.decode(errors="replace").rstrip("."), server_output.FATAL_EXIT_S)
+        try:
+            await asyncio.wait_for(proc.wait(), server_output.FATAL_EXIT_S)
+        except asyncio.TimeoutError:
+            log.error("tritonserver hung in its crash handler: killing it")
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     async def _became_ready(self) -> bool:
         if not await self.control.ready():

@@ -91,7 +91,8 @@ class StageModel(DecoupledModel):
         stream = self.pulled.get(rid)
         if stream is None:
             error = InvalidRequest("REQUEST_ID", f"{self.model_name} has no open stream {rid!r} to pull from")
-            self.responses.send(request.get_response_sender(), self.error_response(str(error)), FINAL)
+            # answered like any control message's error (a Triton error: it is the call's only response)
+            self.responses.send(request.get_response_sender(), DecoupledModel.error_response(self, str(error)), FINAL)
             return
         stream.pull(request.get_response_sender())
         if stream.finished:

@@ -147,6 +147,11 @@ CASES = {
                                   "invalid_request: ref_audio: ", True),
     "base ref_text missing": (QWEN3_BASE, request(params=json.dumps({"ref_audio": wav_data_url()})),
                               "invalid_request: ref_text: ", True),
+    # a stage's control messages (the entry's channel to it)
+    "stage pull without a stream": ("hibari__synthesizer", [tensor("CONTROL", b"pull"), tensor("REQUEST_ID", b"nope")],
+                                    "invalid_request: REQUEST_ID: ", True),
+    "stage unknown command": ("hibari__synthesizer", [tensor("CONTROL", b"rewind"), tensor("REQUEST_ID", b"x")],
+                              "invalid_request: CONTROL: ", True),
     # Triton's own checks, before any model code runs
     "TEXT dtype FP32": (HIBARI, [tensor("TEXT", np.array([1.0], np.float32), "FP32")], "invalid_request: text: ",
                         False),

@@ -278,6 +278,26 @@ def test_a_frozen_entry_leaves_no_stub_of_its_old_instances_after_the_heal(own_s
                 pass
 
 
+def test_a_server_that_crashed_but_did_not_exit_is_killed_and_restarted(own_server):
+    """tritonserver's crash handler once hung instead of ending the process (a double free in its
+    gRPC frontend; the handler then waited for ever on the heap lock): the server was alive and
+    served less and less until nothing, and nothing restarted it. Its handler's first line is
+    written here into the server's own output, as a hung handler leaves it: the supervisor must
+    end that server (it does not exit by itself) and start a new one that serves."""
+    server = own_server
+    pid = server_pid(server)
+    with open(f"/proc/{pid}/fd/1", "wb", buffering=0) as out:   # the pipe the supervisor reads
+        out.write(b"Signal (11) received.\n")
+    said = time.monotonic()
+    wait_until(lambda: server.server_pid not in (None, pid), 40, 0.2)
+    assert time.monotonic() - said < 10.0 + 5.0
+    assert "hung in its crash handler: killing it" in server.log_text()
+    wait_until(lambda: ready(server) == 200 and model_ready(server, "hibari"), 180, 0.2)
+    again = Stream(server.grpc_url, "hibari", "Restarted.").start()
+    again.wait(60)
+    assert again.end == "final" and again.chunks >= 1
+
+
 def test_a_killed_entry_ends_its_speech_api_and_client_streams(own_server, tmp_path):
     """Triton 2.51 cannot answer the streams of an entry whose stub died; the speech API and
     `client.triton_stream` (sync and asyncio) see the pipeline unloaded for its restart and end
