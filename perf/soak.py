@@ -111,7 +111,7 @@ async def grpc_request(grpc, pipeline: str, text: str, params: dict, hang_up: bo
                 if hang_up:
                     break
     finally:
-        await chunks.aclose()   # ends the gRPC stream: Triton cancels the request
+        await chunks.aclose()   # a running request is asked to end (CONTROL=cancel), then read to its end
     return ttfa
 
 
