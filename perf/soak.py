@@ -283,6 +283,33 @@ async def quiet_sample(args: argparse.Namespace, load: Load, server: TritonProce
     return lowest, time.monotonic() - t0
 
 
+THREAD_STACK_KB = 8192     # glibc's default pthread stack: RLIMIT_STACK, 8 MiB here
+
+
+def anon_parts_kb(pid: int) -> dict[str, int]:
+    """A C process's anonymous resident KiB by what holds it (/proc/<pid>/smaps): its threads'
+    stacks (mappings of the default stack size; a thread's stack pages stay resident once it has
+    used them), the main malloc heap ([heap]), and the rest (other malloc heaps, mmapped buffers);
+    and its thread count."""
+    parts = {"stacks": 0, "heap": 0, "other": 0}
+    kind = "other"
+    try:
+        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+        parts["threads"] = len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return {}
+    for line in lines:
+        head = line.split()
+        if head and re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", head[0]):
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            name = head[5] if len(head) > 5 else ""
+            kind = ("heap" if name == "[heap]" else "stacks" if not name and (end - start) // 1024 == THREAD_STACK_KB
+                    else "other" if not name else "")
+        elif kind and line.startswith("Anonymous:"):
+            parts[kind] += int(head[1])
+    return parts
+
+
 def pct(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
@@ -349,6 +376,12 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
                 print("  q " + " " * 23 + " ".join(f"{kept.get(n, 0) / 1024:>{max(8, len(n))}.1f}" for n in names)
                       + f"  (quiet after minute {minute}: every request ended, {args.quiet_s:g} s idle; "
                       f"paused {took:.0f} s)", flush=True)
+                # tritonserver is C++: what its anonymous memory is (a thread's stack, once used, stays)
+                parts = anon_parts_kb(server.server_pid or 0)
+                if parts:
+                    print("    tritonserver anonymous MB: " + ", ".join(
+                        f"{k} {v / 1024:.1f}" for k, v in parts.items() if k != "threads")
+                        + f" ({parts['threads']} threads)", flush=True)
     except asyncio.CancelledError:   # SIGTERM or Ctrl-C: report what was measured
         interrupted = True
     finally:
