@@ -11,13 +11,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
-import hashlib
-import os
-import shutil
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 LARGE_BUFFER_BYTES = 4 << 20
 MALLOC_HEAPS = 2
@@ -100,6 +94,10 @@ def release_free_memory_in_background(seconds: float = TRIM_INTERVAL_S) -> None:
 def tunables(env: dict[str, str]) -> str:
     """`GLIBC_TUNABLES` for a child that cannot call mallopt itself (tritonserver): the same bounds
     as `bound_malloc_retention`, fixed from its first allocation; settings already in `env` win.
+    tritonserver's free pages are not given back (`malloc_trim`) as the stubs' are: a preloaded
+    thread that did it every 20 s crashed it under overload (SIGSEGV in the Python backend's
+    execute path, 2 of 3 runs against 0 of 3 without, perf/RESULTS.md), most likely a read of memory
+    the backend had already freed, harmless while glibc keeps those pages.
     tritonserver's heap per request (perf/request_memory.py, 150 requests a round), default ->
     2 heaps: warm-up 30 -> 12 KB, later rounds +16.6, +8.8, -4.1, +6.7 -> +1.7, +4.9, -0.4, +0.2 KB."""
     given = env.get("GLIBC_TUNABLES", "")
@@ -107,46 +105,3 @@ def tunables(env: dict[str, str]) -> str:
     ours = [f"glibc.malloc.{k}={v}" for k, v in (("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES))
             if f"glibc.malloc.{k}" not in names]
     return ":".join([*(x for x in given.split(":") if x), *ours])
-
-
-RELEASE_SOURCE = Path(__file__).with_name("release_free_memory.c")
-RELEASE_LIBRARY = "libomni_release_free_memory.so"
-RELEASE_INTERVAL_ENV = "OMNI_RELEASE_FREE_MEMORY_S"
-
-
-def release_library(folder: Path | None = None) -> Path | None:
-    """The shared library that makes a C process (tritonserver) call `malloc_trim` every
-    `TRIM_INTERVAL_S` once preloaded, built from release_free_memory.c with the system C compiler
-    on first use (rebuilt when the source changes). None, with a warning, without a compiler."""
-    source = RELEASE_SOURCE.read_bytes()
-    folder = folder or Path(sys.prefix) / "share" / "omni-triton"
-    built = folder / f"{hashlib.sha256(source).hexdigest()[:16]}" / RELEASE_LIBRARY
-    if built.exists():
-        return built
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        print(f"warning: no C compiler to build {RELEASE_LIBRARY}: tritonserver keeps the free "
-              "pages of its heap", file=sys.stderr)
-        return None
-    built.parent.mkdir(parents=True, exist_ok=True)
-    partial = built.with_suffix(f".{os.getpid()}.part")   # concurrent builders each write their own
-    done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(RELEASE_SOURCE),
-                           "-lpthread"], capture_output=True, text=True)
-    if done.returncode != 0:
-        print(f"warning: building {RELEASE_LIBRARY} failed: tritonserver keeps the free pages of its "
-              f"heap\n{done.stderr.strip()}", file=sys.stderr)
-        partial.unlink(missing_ok=True)
-        return None
-    os.replace(partial, built)
-    return built
-
-
-def preload_release(env: dict[str, str], library: Path | None) -> None:
-    """Set `env` so the process started with it preloads `library` (ahead of any LD_PRELOAD
-    already there; the library takes itself off again, so that process's children do not get
-    it) and releases its free pages every `TRIM_INTERVAL_S` unless the interval is already set."""
-    if library is None:
-        return
-    given = env.get("LD_PRELOAD", "")
-    env["LD_PRELOAD"] = " ".join(x for x in (str(library), given) if x)
-    env.setdefault(RELEASE_INTERVAL_ENV, f"{TRIM_INTERVAL_S:g}")

@@ -71,9 +71,6 @@ def server_env() -> dict[str, str]:
     env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in libs if x)
     # tritonserver's many threads would each keep a glibc heap at its high-water mark
     env["GLIBC_TUNABLES"] = glibc_heaps.tunables(env)
-    # and glibc gives back only the top of a heap: what is freed between live chunks is released
-    # every few seconds by a thread of its own
-    glibc_heaps.preload_release(env, glibc_heaps.release_library())
     return env
 
 
