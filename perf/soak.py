@@ -44,6 +44,7 @@ import asyncio
 import os
 import random
 import re
+import resource
 import signal
 import sys
 import tempfile
@@ -285,7 +286,10 @@ async def quiet_sample(args: argparse.Namespace, load: Load, server: TritonProce
     return lowest, time.monotonic() - t0
 
 
-THREAD_STACK_KB = 8192     # glibc's default pthread stack: RLIMIT_STACK, 8 MiB here
+# glibc's default thread stack is the stack limit the server inherits from this process (8 MiB
+# when unlimited or unset)
+_STACK_LIMIT = resource.getrlimit(resource.RLIMIT_STACK)[0]
+THREAD_STACK_KB = (_STACK_LIMIT if 0 < _STACK_LIMIT < (1 << 40) else 8 << 20) // 1024
 
 
 def anon_parts_kb(pid: int) -> dict[str, int]:
