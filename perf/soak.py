@@ -286,10 +286,10 @@ async def quiet_sample(args: argparse.Namespace, load: Load, server: TritonProce
     return lowest, time.monotonic() - t0
 
 
-# glibc's default thread stack is the stack limit the server inherits from this process (8 MiB
-# when unlimited or unset)
+# glibc's default thread stack is the stack limit the server inherits from this process; with no
+# limit, glibc's own default (2 MiB on x86-64)
 _STACK_LIMIT = resource.getrlimit(resource.RLIMIT_STACK)[0]
-THREAD_STACK_KB = (_STACK_LIMIT if 0 < _STACK_LIMIT < (1 << 40) else 8 << 20) // 1024
+THREAD_STACK_KB = (_STACK_LIMIT if _STACK_LIMIT != resource.RLIM_INFINITY else 2 << 20) // 1024
 
 
 def anon_parts_kb(pid: int) -> dict[str, int]:
