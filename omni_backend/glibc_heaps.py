@@ -15,9 +15,6 @@ import threading
 
 LARGE_BUFFER_BYTES = 4 << 20
 MALLOC_HEAPS = 2
-# tritonserver gets one heap: with two, its heap kept rising under varied load (+1 MB per 10
-# minutes, pages glibc keeps); with one it settles after the first minutes (perf/RESULTS.md).
-SERVER_MALLOC_HEAPS = 1
 _M_MMAP_THRESHOLD = -3      # glibc's mallopt parameter numbers (malloc.h)
 _M_ARENA_MAX = -8
 
@@ -95,19 +92,16 @@ def release_free_memory_in_background(seconds: float = TRIM_INTERVAL_S) -> None:
 
 
 def tunables(env: dict[str, str]) -> str:
-    """`GLIBC_TUNABLES` for a child that cannot call mallopt itself (tritonserver): one malloc heap
-    (`SERVER_MALLOC_HEAPS`) and the mmap threshold of `bound_malloc_retention`, fixed from its
-    first allocation; settings already in `env` win. Stubs inherit them and raise their own bound
-    to `MALLOC_HEAPS` when they start.
+    """`GLIBC_TUNABLES` for a child that cannot call mallopt itself (tritonserver): the same bounds
+    as `bound_malloc_retention`, fixed from its first allocation; settings already in `env` win.
     tritonserver's free pages are not given back (`malloc_trim`) as the stubs' are: a preloaded
     thread that did it every 20 s crashed it under overload (SIGSEGV in the Python backend's
     execute path, 2 of 3 runs against 0 of 3 without, perf/RESULTS.md), most likely a read of memory
-    the backend had already freed, harmless while glibc keeps those pages. One heap instead keeps
-    fewer free pages: 12-minute soak, tritonserver's anonymous memory 22.2 / 23.9 / 23.9 / 23.9 MB
-    at minutes 1 / 4 / 8 / 12, where two heaps kept rising by about 1 MB per 10 minutes."""
+    the backend had already freed, harmless while glibc keeps those pages.
+    tritonserver's heap per request (perf/request_memory.py, 150 requests a round), default ->
+    2 heaps: warm-up 30 -> 12 KB, later rounds +16.6, +8.8, -4.1, +6.7 -> +1.7, +4.9, -0.4, +0.2 KB."""
     given = env.get("GLIBC_TUNABLES", "")
     names = {item.split("=", 1)[0] for item in given.split(":") if item}
-    ours = [f"glibc.malloc.{k}={v}" for k, v in (("arena_max", SERVER_MALLOC_HEAPS),
-                                                  ("mmap_threshold", LARGE_BUFFER_BYTES))
+    ours = [f"glibc.malloc.{k}={v}" for k, v in (("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES))
             if f"glibc.malloc.{k}" not in names]
     return ":".join([*(x for x in given.split(":") if x), *ours])

@@ -14,7 +14,7 @@ LOADER = "/lib64/ld-linux-x86-64.so.2"
 
 def test_the_server_environment_bounds_glibc_heaps() -> None:
     tunables = server_binary.server_env()["GLIBC_TUNABLES"].split(":")
-    assert f"glibc.malloc.arena_max={glibc_heaps.SERVER_MALLOC_HEAPS}" in tunables
+    assert f"glibc.malloc.arena_max={glibc_heaps.MALLOC_HEAPS}" in tunables
     assert f"glibc.malloc.mmap_threshold={glibc_heaps.LARGE_BUFFER_BYTES}" in tunables
 
 
@@ -32,5 +32,5 @@ def test_a_child_started_with_them_reads_them() -> None:
     shown = subprocess.run([LOADER, "--list-tunables"], env=env, capture_output=True, text=True)
     values = {name.strip(): value.split("(")[0].strip()
               for name, _, value in (line.partition(":") for line in shown.stdout.splitlines())}
-    assert values["glibc.malloc.arena_max"] == hex(glibc_heaps.SERVER_MALLOC_HEAPS)
+    assert values["glibc.malloc.arena_max"] == hex(glibc_heaps.MALLOC_HEAPS)
     assert values["glibc.malloc.mmap_threshold"] == hex(glibc_heaps.LARGE_BUFFER_BYTES)
