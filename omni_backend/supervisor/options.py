@@ -15,6 +15,9 @@ from dataclasses import dataclass, field, fields
 class SupervisorOptions:
     heal: bool = True                   # reload a pipeline whose stage died or stopped answering
     restart: bool = True                # start tritonserver again when it exits by itself
+    # an entry that died or froze holding client streams: restart tritonserver so that they end
+    # (2.51 keeps them open for ever); false: reload its pipeline, those clients wait for their timeout
+    restart_on_lost_streams: bool = True
     probe_interval_secs: float = 1.0    # how often every pipeline is pinged
     ping_timeout_secs: float = 3.0
     stalled_secs: float = 20.0          # a stub whose heartbeat is this old is stuck: reloaded

@@ -13,6 +13,8 @@ Triton's model-control API: the entry ends every open stream with `unavailable:`
 pipeline's models are unloaded and loaded again. While they are unloaded the server is not ready
 (strict readiness), so load balancers and the speech API route elsewhere; the other pipelines
 keep serving. A stage stub that is alive but stuck is killed before its model is unloaded.
+An entry that died or froze with client streams open cannot end them, and 2.51 would keep them
+open for ever: then the whole server is restarted instead, which closes them.
 """
 from __future__ import annotations
 
@@ -43,6 +45,9 @@ FRESH_BEAT_S = 5.0
 # streams belonged to an entry that was killed never does in 2.51 (nobody takes its responses):
 # one was seen alive 25 minutes after its pipeline's reload, keeping its memory.
 OLD_STUB_GRACE_S = 15.0
+# Before a restart for an entry's lost streams, the other pipelines' entries have this long to end
+# theirs with a coded error: the lost ones end only when the server goes.
+LOST_STREAMS_ABORT_S = 1.5
 
 
 def _die_with_parent() -> None:
@@ -338,7 +343,8 @@ class Supervisor:
         t0 = time.monotonic()
         reloaded = False
         old = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
-        log.error("pipeline %s failed: %s; reloading %s", p.name, failure, ", ".join(p.models))
+        log.error("pipeline %s failed: %s", p.name, failure)
+        why = f"the pipeline is restarting ({failure.model or p.name} failed)"
         try:
             if not self.opts.explicit_models:
                 log.error("model control is not explicit: restarting tritonserver instead")
@@ -346,12 +352,15 @@ class Supervisor:
                 return
             if failure.model and failure.model != p.name:
                 # a stage that does not answer but still runs (stopped, wedged) would never
-                # unload: it goes now. The entry is asked to end its streams first (_reload).
+                # unload: it goes now. The entry is asked to end its streams first.
                 stubs.kill([s for s in stubs.stubs_of(self.proc.pid) if s.model == failure.model])
+            if not await self._end_streams(p, why) and await self._restart_for_lost_streams(p, failure):
+                return
+            log.error("reloading %s", ", ".join(p.models))
             backoff = 1.0
             while not self.stop_requested.is_set():
                 try:
-                    await self._reload(p, f"the pipeline is restarting ({failure.model or p.name} failed)")
+                    await self._reload(p)
                     log.info("pipeline %s reloaded in %.1f s", p.name, time.monotonic() - t0)
                     reloaded = True
                     break
@@ -385,26 +394,58 @@ class Supervisor:
                         name, len(left), OLD_STUB_GRACE_S, ", ".join(f"{s.model} (pid {s.pid})" for s in left))
             stubs.kill(left)
 
-    async def _reload(self, p: Pipeline, why: str) -> None:
-        # Open streams hold the entry (Triton finalizes a model only after its last stream), and
-        # the ones waiting on a dead stage never end by themselves: the entry ends them first.
+    async def _end_streams(self, p: Pipeline, why: str) -> bool:
+        """Ask the entry to end its open streams with `unavailable: ...`: they hold the entry
+        (Triton finalizes a model only after its last stream), and the ones waiting on a dead
+        stage never end by themselves. False when the entry cannot: its stub exited, or it
+        neither answered nor beat and was killed here; its clients' streams are then lost."""
         t0 = time.monotonic()
         for attempt in range(3):
+            entry = [s for s in stubs.stubs_of(self.proc.pid) if s.model == p.name]
+            if not entry or any(stubs.stopped(s) for s in entry):
+                stubs.kill(entry)   # a stopped stub answers nothing, and killing it loses no more
+                return False
             try:
                 await self.control.abort(p, why, timeout_s=10.0)
                 log.info("%s ended its open streams in %.2f s", p.name, time.monotonic() - t0)
-                break
+                return True
             except Exception as e:  # noqa: BLE001 - slow (ask again) or stuck (killed below)
-                entry = [s for s in stubs.stubs_of(self.proc.pid) if s.model == p.name]
-                beating = [s for s in entry if not stubs.stopped(s)
-                           and (stubs.heartbeat_age(self.heartbeats, s) or 0.0) < self.opts.stalled_secs]
+                beating = [s for s in entry if (stubs.heartbeat_age(self.heartbeats, s) or 0.0) < self.opts.stalled_secs]
                 if beating and attempt < 2:
                     log.warning("%s has not ended its streams yet (%s): asking again", p.name, e)
                     continue
-                # its clients' streams cannot be answered by anyone else now (README)
                 log.warning("%s did not end its streams (%s): killing it", p.name, e)
                 stubs.kill(entry)
-                break
+                return False
+        return False
+
+    async def _restart_for_lost_streams(self, p: Pipeline, failure: PingFailed) -> bool:
+        """An entry gone with client streams open: Triton 2.51 keeps those gRPC streams open for
+        ever (nobody can answer them now), so a reload would leave every such client waiting for
+        its own timeout. Restarting tritonserver ends them: the other pipelines are asked to end
+        their streams with `unavailable:` first, then the server is killed (its connections
+        close) and started again. True when it did (`--supervisor-restart-on-lost-streams`)."""
+        if not self.opts.restart_on_lost_streams or not self.opts.restart:
+            return False
+        loop = asyncio.get_running_loop()
+        open_streams = await loop.run_in_executor(None, self.control.active_streams, p.name)
+        if open_streams == 0:
+            return False   # None: no metrics to tell, so they may be open
+        log.error("%s's entry is gone holding %s client stream(s), which Triton 2.51 would keep open "
+                  "for ever: restarting tritonserver so that they end", p.name,
+                  "unknown" if open_streams is None else f"{open_streams:.0f}")
+        self.crashed = True   # no heals or probes of a server that is going
+        why = f"the server is restarting ({failure.model or p.name} failed)"
+        others = [s.pipeline for s in self.states.values() if s.pipeline.name != p.name]
+        await asyncio.gather(*(self.control.abort(q, why, timeout_s=LOST_STREAMS_ABORT_S) for q in others),
+                             return_exceptions=True)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return True
+
+    async def _reload(self, p: Pipeline) -> None:
         for model in p.models:
             await self.control.unload(model)
         # No need to wait for the old instances to finish unloading (a model whose stub died

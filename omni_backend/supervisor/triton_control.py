@@ -147,12 +147,14 @@ class TritonControl:
         except OSError:
             return None
 
-    def active_streams(self) -> float | None:
-        """The `omni_active_streams` gauges summed, or None without a metrics endpoint (blocking)."""
+    def active_streams(self, pipeline: str | None = None) -> float | None:
+        """The `omni_active_streams` gauges summed, of one pipeline or all, or None without a
+        metrics endpoint (blocking)."""
         text = self._metrics()
         if text is None:
             return None
-        return sum(float(v) for v in re.findall(r"^omni_active_streams\{[^}]*\} ([0-9.eE+-]+)$", text, re.M))
+        label = r'[^}]*pipeline="' + re.escape(pipeline) + r'"[^}]*' if pipeline else r"[^}]*"
+        return sum(float(v) for v in re.findall(r"^omni_active_streams\{" + label + r"\} ([0-9.eE+-]+)$", text, re.M))
 
     def progress(self) -> dict[str, float] | None:
         """Per pipeline, requests finished plus seconds of audio sent: it grows while the

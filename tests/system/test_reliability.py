@@ -16,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = "qwen3_tts_tiny_random"
 LONG = {"max_new_tokens": 4000}   # random weights never stop by themselves: minutes of audio
+RESTART_FOR_LOST_STREAMS = "restarting tritonserver so that they end"
 HIBARI_LONG = " ".join(f"Sentence number {i} keeps this stream going for a while." for i in range(40))
 
 
@@ -78,10 +80,12 @@ def model_ready(server: TritonProcess, model: str) -> bool:
 
 
 def healed(server: TritonProcess) -> bool:
-    """The supervisor reloaded the pipeline, or restarted the server after it aborted on the Python
-    backend's lock_exception (a stub killed while it held the backend's shared-memory lock)."""
+    """The supervisor reloaded the pipeline, restarted the server to end the client streams of an
+    entry that is gone, or restarted it after it aborted on the Python backend's lock_exception
+    (a stub killed while it held the backend's shared-memory lock)."""
     log = server.log_text()
-    return "reloaded" in log or ("lock_exception" in log and "restarting" in log)
+    return ("reloaded" in log or RESTART_FOR_LOST_STREAMS in log
+            or ("lock_exception" in log and "restarting" in log))
 
 
 def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> float:
@@ -103,6 +107,7 @@ class Stream:
     params: dict | None = None
     chunks: int = 0
     end: str | None = None            # "final" or the error message
+    status: str | None = None         # the gRPC status of an error
     ended_at: float | None = None
     first: threading.Event = field(default_factory=threading.Event)
 
@@ -131,7 +136,7 @@ class Stream:
                     self.end = "no answer for 120 s"
                     break
                 if error is not None:
-                    self.end = error.message()
+                    self.end, self.status = error.message(), error.status()
                     break
                 if result.as_numpy("AUDIO") is not None and result.as_numpy("AUDIO").size:
                     self.chunks += 1
@@ -150,9 +155,12 @@ class Stream:
 
 
 @pytest.fixture
-def own_server(tmp_path):
-    """A supervised tritonserver with hibari and the tiny Qwen3-TTS, for this test alone."""
-    server = TritonProcess(repository(tmp_path, ["hibari", QWEN]), log_path=tmp_path / "tritonserver.log")
+def own_server(tmp_path, request):
+    """A supervised tritonserver with hibari and the tiny Qwen3-TTS, for this test alone (a
+    test's `server_args` mark adds flags)."""
+    mark = request.node.get_closest_marker("server_args")
+    server = TritonProcess(repository(tmp_path, ["hibari", QWEN]), log_path=tmp_path / "tritonserver.log",
+                           extra_args=list(mark.args) if mark else None)
     server.start(timeout_s=300)
     # the supervisor has recorded the stubs once it logs that it watches them
     wait_until(lambda: "watching" in server.log_text(), 30)
@@ -253,9 +261,11 @@ def test_a_frozen_stage_is_killed_and_reloaded(own_server):
             pass
 
 
+@pytest.mark.server_args("--supervisor-restart-on-lost-streams=false")
 def test_a_frozen_entry_leaves_no_stub_of_its_old_instances_after_the_heal(own_server):
-    """An entry that stops with streams in its stages is killed and its pipeline reloaded; the old
-    stage stubs, whose streams nobody can answer now, may never finish unloading in 2.51: they
+    """An entry that stops with streams open is killed. By default the server is then restarted to
+    end its clients' streams (the test above); here it may not, so its pipeline is reloaded: the
+    old stage stubs, whose streams nobody can answer now, may never finish unloading in 2.51 and
     are killed too (else each heal keeps a stage's memory, a GPU's included, for good)."""
     server = own_server
     streams = [Stream(server.grpc_url, QWEN, f"Stream number {i} talks for a long time.", LONG).start()
@@ -307,16 +317,20 @@ def test_a_server_that_crashed_but_did_not_exit_is_killed_and_restarted(own_serv
     assert again.end == "final" and again.chunks >= 1
 
 
-def test_a_killed_entry_ends_its_speech_api_and_client_streams(own_server, tmp_path):
-    """Triton 2.51 cannot answer the streams of an entry whose stub died; the speech API and
-    `client.triton_stream` (sync and asyncio) see the pipeline unloaded for its restart and end
-    them with `unavailable` (tritonclient used directly keeps waiting: README, known limits)."""
+def test_a_killed_entry_ends_every_client_stream_and_the_server_comes_back(own_server, tmp_path):
+    """Triton 2.51 cannot answer the streams of an entry whose stub died, and keeps them open for
+    ever: the supervisor restarts the server, which ends them. Every client sees its stream end
+    within 5 s with a coded error: tritonclient used directly (gRPC UNAVAILABLE), the speech API's
+    SSE (service_unavailable) and `client.triton_stream`, sync and asyncio (`unavailable:`); the
+    other pipeline's streams end with `unavailable:` too. Then the server serves again."""
     server = own_server
     shim = ShimProcess([server.grpc_url], log_path=tmp_path / "shim.log", extra_args=["--probe-interval", "0.5"])
     shim.start()
     events: list[list[dict]] = [[], []]
     ended: list[float | None] = [None, None]
     direct: dict[str, tuple[int, str, float] | None] = {"sync": None, "asyncio": None}
+    raw = [Stream(server.grpc_url, "hibari", HIBARI_LONG, {"speed": 0.5}),
+           Stream(server.grpc_url, QWEN, "The other pipeline talks for a long time.", LONG)]
 
     def listen_sync() -> None:
         chunks = 0
@@ -338,6 +352,8 @@ def test_a_killed_entry_ends_its_speech_api_and_client_streams(own_server, tmp_p
                 error = "finished"
             except TritonStreamError as e:
                 error = str(e)
+            except grpc.RpcError as e:   # the channel itself failed: kept as such (failover)
+                error = f"unavailable: {e.code()}"
             finally:
                 await client.close()
             direct["asyncio"] = (chunks, error, time.monotonic())
@@ -358,12 +374,24 @@ def test_a_killed_entry_ends_its_speech_api_and_client_streams(own_server, tmp_p
                     threading.Thread(target=listen_asyncio, daemon=True)]
         for t in threads:
             t.start()
+        for s in raw:
+            s.start()
         wait_until(lambda: all(events), 60)
+        for s in raw:
+            assert s.first.wait(120), s.end
         time.sleep(1.0)                      # the direct streams have begun too
+        first_server = server_pid(server)
         killed_at = time.monotonic()
         os.kill(stage_stubs(server, "hibari")[0].pid, signal.SIGKILL)
         for t in threads:
             t.join(15)
+        for s in raw:
+            s.wait(15)
+            assert s.end is not None and s.end != "final", s.end
+            assert s.ended_at - killed_at < 5.0, (s.model, s.end, s.ended_at - killed_at)
+        assert raw[0].status == "StatusCode.UNAVAILABLE", (raw[0].status, raw[0].end)   # gRPC's own code
+        assert raw[1].end.startswith(f"unavailable: {QWEN}: the server is restarting (hibari failed)") \
+            or raw[1].status == "StatusCode.UNAVAILABLE", (raw[1].status, raw[1].end)
         for i in range(2):
             assert ended[i] is not None and ended[i] - killed_at < 5.0
             last = events[i][-1]
@@ -372,12 +400,18 @@ def test_a_killed_entry_ends_its_speech_api_and_client_streams(own_server, tmp_p
         for kind, seen in direct.items():
             assert seen is not None, kind
             chunks, error, at = seen
-            assert error.startswith("unavailable: 'hibari' is not ready"), (kind, error)
+            assert error.startswith("unavailable:"), (kind, error)
             assert at - killed_at < 5.0, (kind, at - killed_at)
+        assert RESTART_FOR_LOST_STREAMS in server.log_text()
+        wait_until(lambda: server.server_pid not in (None, first_server) and ready(server) == 200
+                   and model_ready(server, "hibari") and model_ready(server, QWEN), 180, 0.2)
         wait_until(lambda: shim.health() == 200, 120, 0.2)
         r = httpx.post(f"{shim.url}/v1/audio/speech", timeout=60,
                        json={"model": "hibari", "voice": "heart", "input": "Back.", "response_format": "wav"})
         assert r.status_code == 200, r.text[:300]
+        again = Stream(server.grpc_url, QWEN, "Back again.").start()
+        again.wait(120)
+        assert again.end == "final" and again.chunks >= 1
     finally:
         shim.stop()
 

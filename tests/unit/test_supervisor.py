@@ -28,6 +28,8 @@ def test_options_pass_tritonserver_flags_and_add_what_supervision_needs():
     assert {"--model-control-mode=explicit", "--load-model=*", "--strict-readiness=true",
             "--exit-timeout-secs=3", "--log-verbose=1"} <= set(opts.server_args)
     assert opts.explicit_models and opts.metrics_url == "http://localhost:8002/metrics"
+    assert opts.restart_on_lost_streams is True
+    assert parse(["--model-repository=/r", "--supervisor-restart-on-lost-streams=false"]).restart_on_lost_streams is False
 
 
 def test_options_keep_the_users_choices():
@@ -189,6 +191,31 @@ def test_an_entry_that_does_not_answer_is_pinged_as_failed():
     with pytest.raises(PingFailed, match=r"^unavailable: hibari: ") as failed:
         asyncio.run(ping())
     assert failed.value.model == "hibari"
+
+
+def test_open_streams_are_read_per_pipeline_from_the_gauges():
+    """Whether a dead entry held client streams (then the server is restarted, not the pipeline
+    reloaded) is read from its own `omni_active_streams` series, not another pipeline's."""
+    from omni_backend.supervisor.triton_control import TritonControl
+
+    async def read() -> None:
+        control = TritonControl("localhost:1", "http://localhost:1/metrics")
+        control._metrics = lambda: "\n".join([
+            '# TYPE omni_active_streams gauge',
+            'omni_active_streams{pipeline="hibari"} 3',
+            'omni_active_streams{pipeline="hibari_2"} 5',
+            'omni_active_streams{pipeline="qwen"} 0',
+            'omni_stage_active_requests{model="hibari"} 7',
+        ])
+        assert control.active_streams("hibari") == 3.0
+        assert control.active_streams("qwen") == 0.0
+        assert control.active_streams("absent") == 0.0
+        assert control.active_streams() == 8.0
+        control._metrics = lambda: None
+        assert control.active_streams("hibari") is None
+        await control.close()
+
+    asyncio.run(read())
 
 
 @pytest.mark.parametrize("program,launches,code", [
