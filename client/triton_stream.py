@@ -34,7 +34,8 @@ EMPTY_FINAL = {"triton_enable_empty_final_response": True}
 _GRPC_UNAVAILABLE = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.CANCELLED")
 # A stream silent this long asks whether its model is still ready. Triton 2.51 never ends the
 # streams of an entry whose stub died: without this they wait for the caller's own timeout. The
-# supervisor unloads such a pipeline within a second or so to reload it, which this sees.
+# supervisor restarts such a server (the stream then fails at once), or, told not to, unloads the
+# pipeline within a second or so to reload it, which this sees.
 WATCH_S = 2.0
 
 
