@@ -8,8 +8,10 @@ committed model_repository) and, with streams read through `client.triton_stream
 1. `kill -9` of the `qwen3_tts_tiny_random__talker` stub with 4 Qwen3 streams in flight: when each
    stream ended and how (its code), when `/v2/health/ready` turned false, when it (and the
    pipeline's models) were ready again, and whether a new stream then works;
-2. `kill -9` of the `hibari` entry stub with 2 hibari streams in flight: Triton 2.51 never ends a
-   dead entry's streams, the client sees the pipeline unloaded for its restart;
+2. `kill -9` of the `hibari` entry stub with 2 hibari streams in flight and 2 more read with
+   tritonclient directly: Triton 2.51 never ends a dead entry's streams, so the supervisor
+   restarts the server, which closes them (raw clients see gRPC UNAVAILABLE); when they ended,
+   when the server was ready again, and whether a new stream then works;
 3. SIGTERM with 8 streams running (4 Qwen3 of minutes, 4 hibari): how each ended, when the
    supervisor exited, and whether any stub process or `/dev/shm` region was left.
 
@@ -133,14 +135,60 @@ def kill_stage(server: TritonProcess) -> dict[str, str]:
             "new stream": after.end if after.end == "final" else f"failed: {after.end}"}
 
 
+@dataclass
+class RawReader(Reader):
+    """A stream read with tritonclient alone (no `client.triton_stream` watch): how a plain
+    client sees it end; an error is its gRPC status, coded as `unavailable` when it is one."""
+
+    def _run(self) -> None:
+        import queue
+
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(self.url)
+        responses: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        text = grpcclient.InferInput("TEXT", [1], "BYTES")
+        text.set_data_from_numpy(np.array([self.text.encode()], dtype=np.object_))
+        try:
+            client.async_stream_infer(self.model, [text], enable_empty_final_response=True)
+            while True:
+                result, error = responses.get(timeout=300)
+                if error is not None:
+                    status = error.status() or ""
+                    self.end = "unavailable: gRPC UNAVAILABLE" if status == "StatusCode.UNAVAILABLE" else error.message()
+                    break
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    self.end = "final"
+                    break
+                self.chunks += 1
+        except queue.Empty:
+            pass   # no end in 300 s: counted as hung
+        finally:
+            if self.end is not None:
+                self.ended_at = time.monotonic()
+            client.stop_stream(cancel_requests=True)
+            client.close()
+
+
 def kill_entry(server: TritonProcess) -> dict[str, str]:
     readers = [Reader(server.grpc_url, "hibari", HIBARI_LONG, {"speed": 0.5}).start() for _ in range(2)]
-    until(lambda: all(r.chunks for r in readers), 120)
+    raw = [RawReader(server.grpc_url, "hibari", HIBARI_LONG).start() for _ in range(2)]
+    until(lambda: all(r.chunks for r in readers + raw), 120)
     t0 = time.monotonic()
     os.kill(stub_of(server, "hibari").pid, signal.SIGKILL)
     slowest, codes = ends(readers, t0)
-    until(lambda: http_ok(f"{server.http_url}/v2/health/ready"), 300, 0.2)
-    return {"entry: streams end s": slowest, "entry codes": codes}
+    raw_slowest, raw_codes = ends(raw, t0)
+    back = until(lambda: http_ok(f"{server.http_url}/v2/health/ready")
+                 and http_ok(f"{server.http_url}/v2/models/hibari/ready"), 300, 0.2)
+    back_s = time.monotonic() - t0
+    after = Reader(server.grpc_url, "hibari", "Back again.").start()
+    until(lambda: after.ended_at, 120)
+    return {"entry: streams end s": slowest, "entry codes": codes,
+            "raw tritonclient end s": raw_slowest, "raw codes": raw_codes,
+            "entry: ready again s": f"{back_s:.1f}" if back is not None else "never",
+            "entry: new stream": after.end if after.end == "final" else f"failed: {after.end}"}
 
 
 def sigterm(server: TritonProcess) -> dict[str, str]:
@@ -183,10 +231,11 @@ def main(argv: list[str] | None = None) -> int:
             header = list(row)
             print("| round | " + " | ".join(header) + " |\n|" + "---|" * (len(header) + 1), flush=True)
         print(f"| {n} | " + " | ".join(row[k] for k in header) + " |", flush=True)
-        bad_codes = [c for k in ("codes", "entry codes", "drain codes") for c in row[k].split("/")
+        bad_codes = [c for k in ("codes", "entry codes", "raw codes", "drain codes") for c in row[k].split("/")
                      if c not in ("final", "unavailable")]
         failed |= (bool(bad_codes) or "hung" in " ".join(row.values()) or "never" in row.values()
                    or row["left"] != "0 stubs, 0 regions" or row["new stream"] != "final"
+                   or row["entry: new stream"] != "final"
                    or row["SIGTERM exit s"] == "> 30")
         print(f"  logs: {work}", flush=True)
     return 1 if failed else 0
