@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import shutil
 import signal
 import sys
@@ -32,6 +33,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -141,11 +145,6 @@ class RawReader(Reader):
     client sees it end; an error is its gRPC status, coded as `unavailable` when it is one."""
 
     def _run(self) -> None:
-        import queue
-
-        import numpy as np
-        import tritonclient.grpc as grpcclient
-
         client = grpcclient.InferenceServerClient(self.url)
         responses: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: responses.put((result, error)))

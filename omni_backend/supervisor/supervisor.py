@@ -50,6 +50,14 @@ OLD_STUB_GRACE_S = 15.0
 LOST_STREAMS_ABORT_S = 1.5
 
 
+def _kill_server(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL tritonserver and every stub in its process group (started in a session of its own)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _die_with_parent() -> None:
     """In the child before exec: the kernel kills tritonserver if the supervisor dies."""
     try:
@@ -204,10 +212,7 @@ class Supervisor:
             await asyncio.wait_for(proc.wait(), server_output.FATAL_EXIT_S)
         except asyncio.TimeoutError:
             log.error("tritonserver hung in its crash handler: killing it")
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_server(proc)
 
     async def _became_ready(self) -> bool:
         if not await self.control.ready():
@@ -344,7 +349,8 @@ class Supervisor:
         reloaded = False
         old = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
         log.error("pipeline %s failed: %s", p.name, failure)
-        why = f"the pipeline is restarting ({failure.model or p.name} failed)"
+        failed = failure.model or p.name
+        why = f"the pipeline is restarting ({failed} failed)"
         try:
             if not self.opts.explicit_models:
                 log.error("model control is not explicit: restarting tritonserver instead")
@@ -354,7 +360,7 @@ class Supervisor:
                 # a stage that does not answer but still runs (stopped, wedged) would never
                 # unload: it goes now. The entry is asked to end its streams first.
                 stubs.kill([s for s in stubs.stubs_of(self.proc.pid) if s.model == failure.model])
-            if not await self._end_streams(p, why) and await self._restart_for_lost_streams(p, failure):
+            if not await self._end_streams(p, why) and await self._restart_for_lost_streams(p, failed):
                 return
             log.error("reloading %s", ", ".join(p.models))
             backoff = 1.0
@@ -419,7 +425,7 @@ class Supervisor:
                 return False
         return False
 
-    async def _restart_for_lost_streams(self, p: Pipeline, failure: PingFailed) -> bool:
+    async def _restart_for_lost_streams(self, p: Pipeline, failed: str) -> bool:
         """An entry gone with client streams open: Triton 2.51 keeps those gRPC streams open for
         ever (nobody can answer them now), so a reload would leave every such client waiting for
         its own timeout. Restarting tritonserver ends them: the other pipelines are asked to end
@@ -435,14 +441,11 @@ class Supervisor:
                   "for ever: restarting tritonserver so that they end", p.name,
                   "unknown" if open_streams is None else f"{open_streams:.0f}")
         self.crashed = True   # no heals or probes of a server that is going
-        why = f"the server is restarting ({failure.model or p.name} failed)"
+        why = f"the server is restarting ({failed} failed)"
         others = [s.pipeline for s in self.states.values() if s.pipeline.name != p.name]
         await asyncio.gather(*(self.control.abort(q, why, timeout_s=LOST_STREAMS_ABORT_S) for q in others),
                              return_exceptions=True)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_server(self.proc)
         return True
 
     async def _reload(self, p: Pipeline) -> None:
@@ -483,10 +486,7 @@ class Supervisor:
             except asyncio.TimeoutError:
                 log.warning("tritonserver still running after %.1f s: killing it", self.opts.stop_secs)
         if not exited.done():
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_server(self.proc)
             await exited
         log.info("tritonserver stopped in %.1f s", time.monotonic() - t0)
 
