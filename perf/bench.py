@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deploy", help="deploy YAML (default: the pipeline's)")
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--requests", type=int, default=3, help="requests per client per level")
-    ap.add_argument("--frames", type=int, default=50, help="frames per Qwen3-TTS request (random weights never stop)")
+    ap.add_argument("--frames", type=int, default=50, help="frames per Qwen3-TTS request (at most: random weights seldom emit eos)")
     ap.add_argument("--reference", action="store_true", help="also time the reference generate() (slow)")
     ap.add_argument("--engine", default="vllm,torch", help="orpheus: engines of the LM stage, served in turn")
     ap.add_argument("--tokens", type=int, default=280, help="LM tokens per Orpheus request (random weights never "

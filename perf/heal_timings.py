@@ -2,8 +2,8 @@
 
     .venv/bin/python perf/heal_timings.py [--rounds 3]
 
-Each round starts its own supervised tritonserver (hibari and the tiny Qwen3-TTS from the
-committed model_repository) and, with streams read through `client.triton_stream.stream`:
+Each round starts its own supervised tritonserver (hibari from the committed model_repository,
+the tiny Qwen3-TTS with eos held back: `omni_backend.testing.long_streams`) and, with streams read through `client.triton_stream.stream`:
 
 1. `kill -9` of the `qwen3_tts_tiny_random__talker` stub with 4 Qwen3 streams in flight: when each
    stream ended and how (its code), when `/v2/health/ready` turned false, when it (and the
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import queue
-import shutil
 import signal
 import sys
 import tempfile
@@ -44,9 +43,11 @@ from client.triton_process import TritonProcess  # noqa: E402
 from client.triton_stream import TritonStreamError, stream  # noqa: E402
 from omni_backend.errors import error_code  # noqa: E402
 from omni_backend.supervisor import stubs  # noqa: E402
+from omni_backend.testing import long_streams  # noqa: E402
 
-QWEN = "qwen3_tts_tiny_random"
-QWEN_LONG = {"max_new_tokens": 4000}   # random weights never stop by themselves: minutes of audio
+QWEN = long_streams.QWEN
+LONG_FRAMES = 4000   # eos held back this long (`long_streams`): minutes of audio
+QWEN_LONG = {"max_new_tokens": LONG_FRAMES}
 HIBARI_LONG = " ".join(f"Sentence number {i} keeps this stream going for a while." for i in range(40))
 
 
@@ -92,14 +93,6 @@ def http_ok(url: str) -> bool:
             return r.status == 200
     except (urllib.error.URLError, OSError):
         return False
-
-
-def repository(base: Path) -> Path:
-    out = base / "model_repository"
-    for model in (ROOT / "model_repository").iterdir():
-        if model.name.split("__")[0] in ("hibari", QWEN):
-            shutil.copytree(model, out / model.name)
-    return out
 
 
 def stub_of(server: TritonProcess, model: str) -> stubs.Stub:
@@ -220,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     header = None
     for n in range(1, args.rounds + 1):
         work = Path(tempfile.mkdtemp(prefix="omni-heal-"))
-        server = TritonProcess(repository(work), log_path=work / "tritonserver.log").start(timeout_s=600)
+        repo = long_streams.repository(work / "model_repository", ["hibari", QWEN], LONG_FRAMES)
+        server = TritonProcess(repo, log_path=work / "tritonserver.log").start(timeout_s=600)
         try:
             until(lambda: "watching" in server.log_text(), 30)
             row = {**kill_stage(server), **kill_entry(server), **sigterm(server)}

@@ -146,7 +146,7 @@ async def client_loop(n: int, args: argparse.Namespace, grpc, http: httpx.AsyncC
         seed = rng.randint(0, 2**31)
         if pipeline == "hibari":
             params = {"speed": round(rng.uniform(0.5, 2.0), 2), "seed": seed}
-        else:   # random weights never stop by themselves: bound the utterance (12.5 frames/s)
+        else:   # bound the utterance (12.5 frames/s): random weights seldom emit eos
             params = {"seed": seed, "max_new_tokens": rng.randint(10, 60)}
         load.in_flight += 1
         try:

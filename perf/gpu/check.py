@@ -18,7 +18,8 @@ Steps (each prints as it goes; the tables are appended to perf/RESULTS.md):
 5. the served benchmark (``perf/bench.py`` through ``tritonserver``) when ``tritonserver`` is on
    PATH, with a generated GPU deploy YAML.
 
-Random weights never emit eos, so every request makes exactly ``--frames`` frames.
+Random weights emit eos now and then; eos is held back (``min_new_tokens``) so that every request
+makes exactly ``--frames`` frames.
 """
 from __future__ import annotations
 
@@ -100,6 +101,7 @@ def run_pipeline(engine, decoder: Code2Wav, schedule: CodecChunkSchedule, concur
     speakers = list(builder.speakers) or [None]
     params = sampling_params_from_request(engine.default_params, {"do_sample": False, "subtalker_do_sample": False,
                                                                   "max_new_tokens": frames + 1})
+    params = dataclasses.replace(params, min_new_tokens=frames + 1)
     codes: dict[str, list[list[int]]] = {}
     emitted: dict[str, int] = {}
     finished: set[str] = set()
@@ -152,7 +154,7 @@ def step_ms(engine, concurrency: int, frames: int, device: str) -> float:
     """Median ms per engine decode step with ``concurrency`` greedy requests running."""
     builder = engine.runner.checkpoint.prompt_builder()
     speakers = list(builder.speakers) or [None]
-    params = SamplingParams.greedy(max_new_tokens=frames + 1)
+    params = SamplingParams.greedy(max_new_tokens=frames + 1, min_new_tokens=frames + 1)
     for i in range(concurrency):
         engine.add_request(f"step{concurrency}-{i}-{time.time()}", builder.build(TEXTS[i % 4], speaker=speakers[0]),
                            params)

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import queue
-import shutil
 import signal
 import threading
 import time
@@ -29,24 +28,22 @@ from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, astream, stream
 from omni_backend.errors import error_code
 from omni_backend.supervisor import stubs
+from omni_backend.testing import long_streams
 from tests.metrics_scrape import metric
 
 pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
-QWEN = "qwen3_tts_tiny_random"
-LONG = {"max_new_tokens": 4000}   # random weights never stop by themselves: minutes of audio
+QWEN = long_streams.QWEN
+# eos is held back for the tiny model's first LONG_FRAMES frames (`long_streams`): minutes of audio
+LONG_FRAMES = 4000
+LONG = {"max_new_tokens": LONG_FRAMES}
 RESTART_FOR_LOST_STREAMS = "restarting tritonserver so that they end"
 HIBARI_LONG = " ".join(f"Sentence number {i} keeps this stream going for a while." for i in range(40))
 
 
 def repository(base: Path, pipelines: list[str]) -> Path:
-    """A copy of the committed repository with only these pipelines' models."""
-    out = base / "model_repository"
-    for model in (ROOT / "model_repository").iterdir():
-        if model.name in pipelines or model.name.split("__")[0] in pipelines:
-            shutil.copytree(model, out / model.name)
-    return out
+    return long_streams.repository(base / "model_repository", pipelines, eos_after=LONG_FRAMES)
 
 
 def server_pid(server: TritonProcess) -> int:
