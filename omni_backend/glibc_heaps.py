@@ -14,9 +14,6 @@ import gc
 import threading
 
 LARGE_BUFFER_BYTES = 4 << 20
-# tritonserver's own large buffers (response tensors on their way to a client, 0.1-1 MB of audio)
-# are mapped singly and returned at once; its stubs set LARGE_BUFFER_BYTES again for themselves.
-SERVER_LARGE_BUFFER_BYTES = 128 << 10
 MALLOC_HEAPS = 2
 _M_MMAP_THRESHOLD = -3      # glibc's mallopt parameter numbers (malloc.h)
 _M_ARENA_MAX = -8
@@ -102,14 +99,9 @@ def tunables(env: dict[str, str]) -> str:
     execute path, 2 of 3 runs against 0 of 3 without, perf/RESULTS.md), most likely a read of memory
     the backend had already freed, harmless while glibc keeps those pages.
     tritonserver's heap per request (perf/request_memory.py, 150 requests a round), default ->
-    2 heaps: warm-up 30 -> 12 KB, later rounds +16.6, +8.8, -4.1, +6.7 -> +1.7, +4.9, -0.4, +0.2 KB.
-    Its mmap threshold is lower than the stubs' (`SERVER_LARGE_BUFFER_BYTES`): in a 30-minute soak
-    its anonymous memory with nothing in flight was 20.7 -> 22.7 MB against 22.4 -> 25.2 at 4 MiB,
-    flat after minute 10 (perf/RESULTS.md); the stubs it starts inherit the setting and replace it
-    with `bound_malloc_retention`."""
+    2 heaps: warm-up 30 -> 12 KB, later rounds +16.6, +8.8, -4.1, +6.7 -> +1.7, +4.9, -0.4, +0.2 KB."""
     given = env.get("GLIBC_TUNABLES", "")
     names = {item.split("=", 1)[0] for item in given.split(":") if item}
-    ours = [f"glibc.malloc.{k}={v}" for k, v in (("arena_max", MALLOC_HEAPS),
-                                                   ("mmap_threshold", SERVER_LARGE_BUFFER_BYTES))
+    ours = [f"glibc.malloc.{k}={v}" for k, v in (("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES))
             if f"glibc.malloc.{k}" not in names]
     return ":".join([*(x for x in given.split(":") if x), *ours])

@@ -15,14 +15,14 @@ LOADER = "/lib64/ld-linux-x86-64.so.2"
 def test_the_server_environment_bounds_glibc_heaps() -> None:
     tunables = server_binary.server_env()["GLIBC_TUNABLES"].split(":")
     assert f"glibc.malloc.arena_max={glibc_heaps.MALLOC_HEAPS}" in tunables
-    assert f"glibc.malloc.mmap_threshold={glibc_heaps.SERVER_LARGE_BUFFER_BYTES}" in tunables
+    assert f"glibc.malloc.mmap_threshold={glibc_heaps.LARGE_BUFFER_BYTES}" in tunables
 
 
 def test_a_users_own_tunables_win_and_are_kept() -> None:
     given = "glibc.malloc.arena_max=8:glibc.pthread.rseq=0"
     out = glibc_heaps.tunables({"GLIBC_TUNABLES": given}).split(":")
     assert out == ["glibc.malloc.arena_max=8", "glibc.pthread.rseq=0",
-                   f"glibc.malloc.mmap_threshold={glibc_heaps.SERVER_LARGE_BUFFER_BYTES}"]
+                   f"glibc.malloc.mmap_threshold={glibc_heaps.LARGE_BUFFER_BYTES}"]
 
 
 @pytest.mark.skipif(not Path(LOADER).exists(), reason="the x86-64 glibc loader lists its tunables")
@@ -33,4 +33,4 @@ def test_a_child_started_with_them_reads_them() -> None:
     values = {name.strip(): value.split("(")[0].strip()
               for name, _, value in (line.partition(":") for line in shown.stdout.splitlines())}
     assert values["glibc.malloc.arena_max"] == hex(glibc_heaps.MALLOC_HEAPS)
-    assert values["glibc.malloc.mmap_threshold"] == hex(glibc_heaps.SERVER_LARGE_BUFFER_BYTES)
+    assert values["glibc.malloc.mmap_threshold"] == hex(glibc_heaps.LARGE_BUFFER_BYTES)
