@@ -3,7 +3,8 @@
     .venv/bin/python perf/heal_timings.py [--rounds 3]
 
 Each round starts its own supervised tritonserver (hibari from the committed model_repository,
-the tiny Qwen3-TTS with eos held back: `omni_backend.testing.long_streams`) and, with streams read through `client.triton_stream.stream`:
+the tiny Qwen3-TTS with eos held back: `omni_backend.testing.long_streams`) and, with streams
+read through `client.triton_stream.stream`:
 
 1. `kill -9` of the `qwen3_tts_tiny_random__talker` stub with 4 Qwen3 streams in flight: when each
    stream ended and how (its code), when `/v2/health/ready` turned false, when it (and the
