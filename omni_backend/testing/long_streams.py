@@ -20,7 +20,7 @@ QWEN = "qwen3_tts_tiny_random"
 
 def repository(out: Path, pipelines: list[str], eos_after: int) -> Path:
     """Write the models of `pipelines` under `out` (a new folder; the tiny model's deploy YAML goes
-    beside it, as a file inside would be read as a model); returns `out`."""
+    beside it: the repository folder holds models only); returns `out`."""
     from ensemble_builder.build import build
 
     out.mkdir(parents=True)
