@@ -14,6 +14,7 @@ import sysconfig
 from pathlib import Path
 
 from omni_backend import glibc_heaps
+from omni_backend.triton import server_malloc
 
 
 def _pytriton_root() -> Path:
@@ -69,14 +70,18 @@ def server_env() -> dict[str, str]:
     if env.get("LD_LIBRARY_PATH"):
         libs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in libs if x)
-    # tritonserver's many threads would each keep a glibc heap at its high-water mark
+    # bounded glibc heaps for the stubs (and for tritonserver where it runs on glibc)
     env["GLIBC_TUNABLES"] = glibc_heaps.tunables(env)
+    if server_malloc.preload_argv(binary_path(), env):
+        env["MALLOC_CONF"] = server_malloc.conf(env)
     return env
 
 
 def command(args: list[str]) -> list[str]:
-    """Full argv for tritonserver with our backend directory unless the caller gave one."""
-    argv = [str(binary_path())]
+    """Full argv for tritonserver (on jemalloc where it can be) with our backend directory unless
+    the caller gave one."""
+    binary = str(binary_path())
+    argv = [*server_malloc.preload_argv(binary), binary]
     if not any(a.startswith("--backend-directory") for a in args):
         argv.append(f"--backend-directory={backend_directory()}")
     return argv + list(args)
