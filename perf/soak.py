@@ -30,8 +30,9 @@ requests in flight at that moment hold), so the growth judged is taken at quiet 
 minute 1, every `--quiet-every` minutes and after the last, the clients pause, every request
 ends, and after `--quiet-s` idle seconds (the stubs give free pages back every 20 s) each
 process's memory is what it kept; the first quiet point against the last. At each quiet point
-tritonserver's anonymous memory is also split into its threads' stacks, its main malloc heap and
-the rest (/proc/<pid>/smaps), with its thread count. Exit status 1 when any
+tritonserver's anonymous memory is also split into its threads' stacks, its main glibc heap and
+the rest (/proc/<pid>/smaps; on jemalloc, the default, all it allocates is in the rest), with its
+thread count. Exit status 1 when any
 kept more than --max-growth (5 %) more, any was restarted or left two stubs, or any request
 failed (without quiet points the windows under load are judged instead).
 
