@@ -1,14 +1,18 @@
-"""tritonserver's malloc: jemalloc, preloaded into the server alone.
+"""tritonserver's malloc: glibc's (the default), or jemalloc preloaded into the server alone.
 
 tritonserver is a C++ program with ~560 threads (the Python backend keeps a pool per model
-instance). Under glibc its heaps keep the pages freed between live chunks: what it uses stays at
-~3.4 MB while its resident heap pages rose 10-18 % over a 30-minute soak, and giving them back
-with `malloc_trim` crashed the 2.51 Python backend under overload. jemalloc packs small objects by
-size class and returns a run of free pages once it has stayed unused for a while.
+instance). On glibc what it uses stays at ~3.4 MB while its heaps keep the pages freed between live
+chunks: its resident memory rose 10-18 % over a 30-minute soak. jemalloc (`OMNI_TRITON_ALLOCATOR=
+jemalloc`) gives unused pages back and kept it within 5 %, but the 2.51 Python backend then crashed
+once in 8 overload runs, SIGSEGV in memcpy under `ModelInstanceExecute` -> `ProcessRequests` ->
+`InferResponse::Send` -> `CopyBuffer` (a non-decoupled model's response), the frames of the crash
+that `malloc_trim` caused on glibc: the backend reads memory it has freed, harmless only while the
+allocator keeps the page (perf/RESULTS.md). A server that stays up comes first, so glibc is the
+default.
 
-The library is loaded with the dynamic loader's `--preload`, not `LD_PRELOAD`, so that the stubs
-tritonserver starts (Python, PyTorch) keep glibc and their own tuned heaps. The loader is run
-through a link named `tritonserver`, so the process keeps its name for `ps`, `pkill` and `top`.
+jemalloc is loaded with the dynamic loader's `--preload`, not `LD_PRELOAD`, so the stubs
+tritonserver starts (Python, PyTorch) keep glibc and their own tuned heaps; the loader runs through
+a link named `tritonserver`, so the process keeps its name for `ps`, `pkill` and the supervisor.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import sys
 from pathlib import Path
 
 ALLOCATOR_ENV = "OMNI_TRITON_ALLOCATOR"
-ALLOCATORS = ("auto", "jemalloc", "glibc")
+ALLOCATORS = ("glibc", "jemalloc")
 JEMALLOC = "jemalloc"
 # No per-thread caches (hundreds of mostly idle threads would each hold some), two arenas like
 # the glibc setting it replaces, and a background thread that returns pages unused for 5 s.
@@ -28,8 +32,9 @@ _PT_INTERP = 3
 
 
 def choice(env: dict[str, str] | None = None) -> str:
-    """The allocator asked for in $OMNI_TRITON_ALLOCATOR (`auto` when unset)."""
-    value = (env if env is not None else os.environ).get(ALLOCATOR_ENV, "auto").strip().lower() or "auto"
+    """The allocator asked for in $OMNI_TRITON_ALLOCATOR (`glibc` when unset)."""
+    given = env if env is not None else os.environ
+    value = given.get(ALLOCATOR_ENV, "glibc").strip().lower() or "glibc"
     if value not in ALLOCATORS:
         raise SystemExit(f"{ALLOCATOR_ENV}={value!r}: expected one of {', '.join(ALLOCATORS)}")
     return value
@@ -48,7 +53,8 @@ def elf_interpreter(binary: str | Path) -> str | None:
             f.seek(phoff + i * phentsize)
             ph = f.read(phentsize)
             if struct.unpack_from(order + "I", ph, 0)[0] == _PT_INTERP:
-                offset, size = struct.unpack_from(order + "Q", ph, 8)[0], struct.unpack_from(order + "Q", ph, 32)[0]
+                # Elf64_Phdr: p_offset at byte 8, p_filesz at byte 32
+                (offset,), (size,) = struct.unpack_from(order + "Q", ph, 8), struct.unpack_from(order + "Q", ph, 32)
                 f.seek(offset)
                 return f.read(size).rstrip(b"\0").decode()
     return None
@@ -65,20 +71,21 @@ def _loader_preloads() -> bool:
 
 
 def preload_argv(binary: str | Path, env: dict[str, str] | None = None) -> list[str]:
-    """The argv prefix that starts `binary` with jemalloc preloaded ([] for glibc)."""
-    asked = choice(env)
-    if asked == "glibc":
+    """The argv prefix that starts `binary` with jemalloc preloaded where it is asked for ([] for
+    glibc); SystemExit, naming what is missing, where it cannot be had."""
+    if choice(env) == "glibc":
         return []
     library = ctypes.util.find_library(JEMALLOC)
     loader = elf_interpreter(binary)
-    missing = ("jemalloc is not installed (Debian: libjemalloc2; `make setup` installs it)" if not library
-               else "the C library's loader cannot preload (glibc >= 2.33 needed)" if not (loader and _loader_preloads())
-               else "")
-    if missing:
-        if asked == "jemalloc":
-            raise SystemExit(f"{ALLOCATOR_ENV}=jemalloc: {missing}")
-        return []
-    return [str(_named_loader(loader)), "--preload", library, "--argv0", str(binary)]
+    try:
+        if not library:
+            raise OSError("jemalloc is not installed (Debian: libjemalloc2; `make setup` installs it)")
+        if not (loader and _loader_preloads()):
+            raise OSError("the C library's loader cannot preload (glibc >= 2.33 needed)")
+        link = _named_loader(loader)
+    except OSError as e:
+        raise SystemExit(f"{ALLOCATOR_ENV}=jemalloc: {e}") from None
+    return [str(link), "--preload", library, "--argv0", str(binary)]
 
 
 def _named_loader(loader: str) -> Path:

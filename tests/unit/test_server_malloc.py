@@ -10,7 +10,16 @@ import pytest
 
 from omni_backend.triton import server_binary, server_malloc
 
-JEMALLOC_HERE = bool(server_malloc.preload_argv(sys.executable, {}))
+
+def _jemalloc_here() -> bool:
+    try:
+        return bool(server_malloc.preload_argv(sys.executable, {server_malloc.ALLOCATOR_ENV: "jemalloc"}))
+    except SystemExit:
+        return False
+
+
+JEMALLOC_HERE = _jemalloc_here()
+ASK_JEMALLOC = {server_malloc.ALLOCATOR_ENV: "jemalloc"}
 
 
 def test_the_loader_a_program_names_is_read_from_its_elf_header() -> None:
@@ -30,8 +39,12 @@ def test_an_unknown_allocator_is_rejected_by_name() -> None:
         server_malloc.preload_argv(sys.executable, {server_malloc.ALLOCATOR_ENV: "tcmalloc"})
 
 
-def test_glibc_asked_for_runs_the_binary_itself(monkeypatch) -> None:
-    monkeypatch.setenv(server_malloc.ALLOCATOR_ENV, "glibc")
+@pytest.mark.parametrize("asked", ["glibc", None])
+def test_glibc_asked_for_or_by_default_runs_the_binary_itself(monkeypatch, asked) -> None:
+    if asked:
+        monkeypatch.setenv(server_malloc.ALLOCATOR_ENV, asked)
+    else:
+        monkeypatch.delenv(server_malloc.ALLOCATOR_ENV, raising=False)
     monkeypatch.delenv("MALLOC_CONF", raising=False)
     argv = server_binary.command(["--model-repository=/r"])
     assert argv[0] == str(server_binary.binary_path())
@@ -41,13 +54,22 @@ def test_glibc_asked_for_runs_the_binary_itself(monkeypatch) -> None:
 def test_jemalloc_asked_for_but_missing_is_an_error(monkeypatch) -> None:
     monkeypatch.setattr(server_malloc.ctypes.util, "find_library", lambda name: None)
     with pytest.raises(SystemExit, match="libjemalloc2"):
-        server_malloc.preload_argv(sys.executable, {server_malloc.ALLOCATOR_ENV: "jemalloc"})
-    assert server_malloc.preload_argv(sys.executable, {}) == []     # auto: glibc then
+        server_malloc.preload_argv(sys.executable, ASK_JEMALLOC)
+
+
+def test_jemalloc_asked_for_where_the_link_cannot_be_made_is_an_error(monkeypatch) -> None:
+    monkeypatch.setattr(server_malloc.ctypes.util, "find_library", lambda name: "libjemalloc.so.2")
+
+    def read_only(loader: str) -> Path:
+        raise PermissionError(13, "Permission denied", "/venv/share/omni-triton/loader")
+    monkeypatch.setattr(server_malloc, "_named_loader", read_only)
+    with pytest.raises(SystemExit, match="Permission denied"):
+        server_malloc.preload_argv(sys.executable, ASK_JEMALLOC)
 
 
 @pytest.mark.skipif(not JEMALLOC_HERE, reason="jemalloc is not installed here")
 def test_the_server_runs_through_a_loader_named_tritonserver(monkeypatch) -> None:
-    monkeypatch.delenv(server_malloc.ALLOCATOR_ENV, raising=False)
+    monkeypatch.setenv(server_malloc.ALLOCATOR_ENV, "jemalloc")
     monkeypatch.delenv("MALLOC_CONF", raising=False)
     assert server_binary.server_env()["MALLOC_CONF"] == server_malloc.JEMALLOC_CONF
     binary = str(server_binary.binary_path())
@@ -62,7 +84,7 @@ def test_the_server_runs_through_a_loader_named_tritonserver(monkeypatch) -> Non
 @pytest.mark.skipif(not JEMALLOC_HERE, reason="jemalloc is not installed here")
 def test_a_preloaded_program_has_jemalloc_and_its_children_do_not() -> None:
     # the loader's --preload reaches the program alone: a child it starts keeps glibc's malloc
-    prefix = server_malloc.preload_argv(sys.executable, {})
+    prefix = server_malloc.preload_argv(sys.executable, ASK_JEMALLOC)
     code = ("import subprocess, sys; print('jemalloc' in open('/proc/self/maps').read()); sys.stdout.flush(); "
             "subprocess.run([sys.executable, '-c', \"print('jemalloc' in open('/proc/self/maps').read())\"])")
     out = subprocess.run([*prefix, sys.executable, "-c", code],
