@@ -92,10 +92,10 @@ def release_free_memory_in_background(seconds: float = TRIM_INTERVAL_S) -> None:
 
 
 def tunables(env: dict[str, str]) -> str:
-    """`GLIBC_TUNABLES` for tritonserver's children (the stubs, from their first allocation) and
-    for tritonserver where it runs on glibc (omni_backend/triton/server_malloc.py gives it jemalloc
-    where installed): the same bounds as `bound_malloc_retention`; settings already in `env` win.
-    On glibc, tritonserver's free pages are not given back (`malloc_trim`) as the stubs' are: a preloaded
+    """`GLIBC_TUNABLES` for tritonserver and the stubs it starts, from their first allocation
+    (tritonserver cannot call mallopt itself; on `OMNI_TRITON_ALLOCATOR=jemalloc` only the stubs
+    read them): the same bounds as `bound_malloc_retention`; settings already in `env` win.
+    tritonserver's free pages are not given back (`malloc_trim`) as the stubs' are: a preloaded
     thread that did it every 20 s crashed it under overload (SIGSEGV in the Python backend's
     execute path, 2 of 3 runs against 0 of 3 without, perf/RESULTS.md), most likely a read of memory
     the backend had already freed, harmless while glibc keeps those pages.

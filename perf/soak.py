@@ -31,8 +31,8 @@ minute 1, every `--quiet-every` minutes and after the last, the clients pause, e
 ends, and after `--quiet-s` idle seconds (the stubs give free pages back every 20 s) each
 process's memory is what it kept; the first quiet point against the last. At each quiet point
 tritonserver's anonymous memory is also split into its threads' stacks, its main glibc heap and
-the rest (/proc/<pid>/smaps; on jemalloc, the default, all it allocates is in the rest), with its
-thread count. Exit status 1 when any
+the rest (/proc/<pid>/smaps; on `OMNI_TRITON_ALLOCATOR=jemalloc` all it allocates is in the
+rest), with its thread count. Exit status 1 when any
 kept more than --max-growth (5 %) more, any was restarted or left two stubs, or any request
 failed (without quiet points the windows under load are judged instead).
 
