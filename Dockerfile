@@ -9,7 +9,7 @@
 FROM nvcr.io/nvidia/tritonserver:24.10-py3
 
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
-# jemalloc for tritonserver alone (omni_backend/triton/server_malloc.py)
+# jemalloc for OMNI_TRITON_ALLOCATOR=jemalloc (omni_backend/triton/server_malloc.py)
 RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/omni
 # The container's Python is 3.10 and has /opt/tritonserver; torch comes as its CUDA build.
