@@ -70,7 +70,7 @@ def server_env() -> dict[str, str]:
     if env.get("LD_LIBRARY_PATH"):
         libs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in libs if x)
-    # bounded glibc heaps for the stubs (and for tritonserver where it runs on glibc)
+    # bounded glibc heaps for the stubs, and for tritonserver unless it runs on jemalloc
     env["GLIBC_TUNABLES"] = glibc_heaps.tunables(env)
     if server_malloc.preload_argv(binary_path(), env):
         env["MALLOC_CONF"] = server_malloc.conf(env)
@@ -78,8 +78,8 @@ def server_env() -> dict[str, str]:
 
 
 def command(args: list[str]) -> list[str]:
-    """Full argv for tritonserver (on jemalloc where it can be) with our backend directory unless
-    the caller gave one."""
+    """Full argv for tritonserver (through the loader with jemalloc where OMNI_TRITON_ALLOCATOR asks
+    for it) with our backend directory unless the caller gave one."""
     binary = str(binary_path())
     argv = [*server_malloc.preload_argv(binary), binary]
     if not any(a.startswith("--backend-directory") for a in args):
