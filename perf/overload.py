@@ -245,7 +245,8 @@ class Client(threading.Thread):
 
 # A busy process that ends when this harness does, however it ends (Linux's PR_SET_PDEATHSIG):
 # a harness stopped by a signal left 16 of them burning and slowed what ran next.
-_BURN = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+_BURN = ("import ctypes, os, signal, sys; PR_SET_PDEATHSIG = 1\n"
+         "ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)\n"
          "if os.getppid() != int(sys.argv[1]): sys.exit()\n"
          "while True: pass")
 

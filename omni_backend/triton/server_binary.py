@@ -72,7 +72,7 @@ def server_env() -> dict[str, str]:
     env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in libs if x)
     # bounded glibc heaps for the stubs, and for tritonserver unless it runs on jemalloc
     env["GLIBC_TUNABLES"] = glibc_heaps.tunables(env)
-    if server_malloc.preload_argv(binary_path(), env):
+    if server_malloc.choice(env) == "jemalloc":
         env["MALLOC_CONF"] = server_malloc.conf(env)
     return env
 

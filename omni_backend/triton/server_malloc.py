@@ -4,11 +4,11 @@ tritonserver is a C++ program with ~560 threads (the Python backend keeps a pool
 instance). On glibc what it uses stays at ~3.4 MB while its heaps keep the pages freed between live
 chunks: its resident memory rose 10-18 % over a 30-minute soak. jemalloc (`OMNI_TRITON_ALLOCATOR=
 jemalloc`) gives unused pages back and kept it within 5 %, but the 2.51 Python backend then crashed
-once in 8 overload runs, SIGSEGV in memcpy under `ModelInstanceExecute` -> `ProcessRequests` ->
-`InferResponse::Send` -> `CopyBuffer` (a non-decoupled model's response), the frames of the crash
-that `malloc_trim` caused on glibc: the backend reads memory it has freed, harmless only while the
-allocator keeps the page (perf/RESULTS.md). A server that stays up comes first, so glibc is the
-default.
+in 2 of 9 overload runs, one a SIGSEGV in memcpy under `ModelInstanceExecute` -> `ProcessRequests` ->
+`InferResponse::Send` -> `CopyBuffer` (a non-decoupled model's response); returning its pages with
+`malloc_trim` on glibc crashed it likewise: most likely the backend reads memory it has freed,
+harmless only while the allocator keeps the page (perf/RESULTS.md). A server that stays up comes
+first, so glibc is the default.
 
 jemalloc is loaded with the dynamic loader's `--preload`, not `LD_PRELOAD`, so the stubs
 tritonserver starts (Python, PyTorch) keep glibc and their own tuned heaps; the loader runs through
