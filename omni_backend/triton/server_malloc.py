@@ -100,6 +100,10 @@ def _named_loader(loader: str) -> Path:
 
 
 def conf(env: dict[str, str]) -> str:
-    """MALLOC_CONF for the server: ours, then the user's own (jemalloc lets a later option win)."""
+    """MALLOC_CONF for the server: ours, then the user's own (jemalloc lets a later option win).
+    Idempotent: an environment made by it (the supervisor's, from the process that started it)
+    keeps one copy of ours."""
     own = env.get("MALLOC_CONF", "")
+    if own == JEMALLOC_CONF or own.startswith(f"{JEMALLOC_CONF},"):
+        return own
     return f"{JEMALLOC_CONF},{own}" if own else JEMALLOC_CONF

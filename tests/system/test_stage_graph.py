@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,6 +20,9 @@ import pytest
 
 from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream, stream_parts, synthesize
+from omni_backend.supervisor import stubs
+from omni_backend.supervisor.options import SupervisorOptions
+from omni_backend.triton.stub_process import STALL_REPORT_S
 from tests.metrics_scrape import metric
 from tests.toy_family import audio_of, expected_audio, frames_of, text_pieces
 
@@ -246,3 +250,44 @@ def test_a_failing_text_stage_ends_the_request_with_its_code_and_frees_every_sta
     _assert_every_stage_freed(toy_server)
     res = synthesize(toy_server.grpc_url, PIPELINE, "still fine", params)
     assert [t.reshape(-1)[0].decode() for t in res.outputs["TEXT_DELTA"]] == text_pieces("still fine")
+
+
+def test_a_stage_whose_responses_stop_leaving_is_noticed_and_reloaded(tmp_path):
+    """The writer's response thread blocks for good (tests/toy_family: `stall_responses_after`)
+    while its event loop keeps running, so nothing it answers leaves. Its heartbeat stops once
+    responses have waited STALL_REPORT_S (omni_backend/triton/stub_process.py), the supervisor
+    reloads the pipeline when that beat is `stalled_secs` old beside fresh ones, the stream ends
+    with `unavailable:` naming the writer, the stuck stub is gone and the pipeline serves again,
+    exactly. (Pings alone do not heal it that soon: under overload a healthy stage can answer
+    nothing for seconds, supervisor.py `_wedged`.)"""
+    repo = tmp_path / "toy_repo"
+    subprocess.run([sys.executable, "-m", "ensemble_builder", "build", "--family", "tests.toy_family.family",
+                    "--pipeline", PIPELINE, "--deploy", str(ROOT / "tests/toy_family/toy_three_stage.yaml"),
+                    "--out", str(repo)], check=True, cwd=ROOT, capture_output=True)
+    server = TritonProcess(repo, log_path=tmp_path / "tritonserver.log")
+    server.start()
+    try:
+        writer = [s for s in stubs.stubs_of(server.server_pid) if s.model == f"{PIPELINE}__writer"]
+        assert len(writer) == 1
+        t0 = time.monotonic()
+        with pytest.raises(TritonStreamError, match=rf"^unavailable: .*{PIPELINE}__writer"):
+            for _ in stream_parts(server.grpc_url, PIPELINE, "a long text " * 40, {"stall_responses_after": 2},
+                                  timeout_s=60):
+                pass
+        assert time.monotonic() - t0 < STALL_REPORT_S + SupervisorOptions().stalled_secs + 10.0
+        deadline = time.monotonic() + 120
+        while not (not stubs.alive(writer[0]) and "reloaded" in server.log_text() and _ready(server)):
+            assert time.monotonic() < deadline, server.log_text()[-3000:]
+            time.sleep(0.2)
+        res = synthesize(server.grpc_url, PIPELINE, "the writer is back", {})
+        np.testing.assert_array_equal(np.concatenate(res.chunks), expected_audio("the writer is back", 1.0))
+    finally:
+        server.stop()
+
+
+def _ready(server: TritonProcess) -> bool:
+    try:
+        with urllib.request.urlopen(f"{server.http_url}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False

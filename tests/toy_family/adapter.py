@@ -15,6 +15,9 @@ class ToyAdapter(TTSAdapter):
         Param("return_audio", bool, default=True, help="false: only the writer's text, no audio stages"),
         Param("fail_after", int, default=0, lo=0, hi=1000,
               help="test hook: the writer fails after this many pieces (0: never)"),
+        Param("stall_responses_after", int, default=0, lo=0, hi=1000,
+              help="test hook: the writer's response thread blocks for good after this many pieces"
+                   " (0: never)"),
     )
 
     def skipped_stages(self, request: dict[str, Any]) -> frozenset[int]:

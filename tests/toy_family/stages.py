@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any, AsyncIterator, Hashable
 
 import numpy as np
@@ -14,6 +15,14 @@ from omni_backend.triton.stage import StageModel
 from tests.toy_family import PIECE, audio_of, frames_of
 
 
+class _StuckSender:
+    """A response sender whose send never returns: the writer's response thread blocks on it, as
+    it would on a tritonserver that stopped taking responses, while the stub's loop runs on."""
+
+    def send(self, *args: Any, **kwargs: Any) -> None:
+        threading.Event().wait()
+
+
 class Writer(StageModel):
     async def generate(self, ctx: StreamContext, request: dict[str, Any] | None,
                        inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
@@ -23,6 +32,8 @@ class Writer(StageModel):
             await asyncio.sleep(0.01)   # a piece at a time, like an AR stage
             if n == request["fail_after"] > 0:
                 raise InvalidRequest("fail_after", f"the writer failed as asked after {n} pieces")
+            if n == request["stall_responses_after"] > 0:
+                self.responses.send(_StuckSender(), None, 0)
             yield [pb_utils.Tensor("TOKENS", tokens[i:i + PIECE]),
                    bytes_tensor("TEXT_DELTA", text[i:i + PIECE])]
 

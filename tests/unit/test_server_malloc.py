@@ -95,3 +95,11 @@ def test_a_preloaded_program_has_jemalloc_and_its_children_do_not() -> None:
 def test_a_users_malloc_conf_comes_after_ours_so_it_wins() -> None:
     assert server_malloc.conf({}) == server_malloc.JEMALLOC_CONF
     assert server_malloc.conf({"MALLOC_CONF": "narenas:4"}) == f"{server_malloc.JEMALLOC_CONF},narenas:4"
+
+
+def test_malloc_conf_is_ours_then_the_users_once_however_often_it_is_made() -> None:
+    once = server_malloc.conf({"MALLOC_CONF": "junk:true"})
+    assert once == f"{server_malloc.JEMALLOC_CONF},junk:true"
+    assert server_malloc.conf({"MALLOC_CONF": once}) == once   # the supervisor's env, made again
+    assert server_malloc.conf({}) == server_malloc.JEMALLOC_CONF
+    assert server_malloc.conf({"MALLOC_CONF": server_malloc.JEMALLOC_CONF}) == server_malloc.JEMALLOC_CONF
