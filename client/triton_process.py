@@ -46,9 +46,12 @@ class TritonProcess(ServiceProcess):
                 "--allow-metrics=true",
                 # Large tensors and many concurrent streams: start shared memory bigger than the
                 # 1 MiB default so streams do not stall on growth; grow (rare: a peak of audio held
-                # at once) in 4 MiB steps, as a region never shrinks.
+                # at once) in 16 MiB steps. Every growth risks the 2.51 stub reading a message the
+                # server put in the grown part before remapping (a SIGSEGV in
+                # `IPCMessage::LoadFromSharedMemory`, then tritonserver's lock_exception abort):
+                # 4 MiB steps crashed 1 of 10 overload runs, 16 MiB ones none of 26 (perf/RESULTS.md).
                 "--backend-config=python,shm-default-byte-size=16777216",
-                "--backend-config=python,shm-growth-byte-size=4194304",
+                "--backend-config=python,shm-growth-byte-size=16777216",
                 f"--log-verbose={os.environ.get('OMNI_TRITON_LOG_VERBOSE', '0')}", *self.extra_args]
 
     @property
