@@ -5,6 +5,10 @@ dimension. A request whose variable-size inputs are all empty is the entry's liv
 answered with empty outputs. The rest are grouped by `batch_key` (requests that can run as one
 batch) and each group runs through `run_batch`; a failing group fails its own requests only.
 Families implement `load`, `batch_key` and `run_batch`.
+
+A plain (non-decoupled) model on purpose: as a decoupled one answering through its response
+sender, its fast answers crashed the calling entry's stub within seconds of a storm of streams
+(2.51 Python backend; perf/RESULTS.md, 2026-12-03).
 """
 from __future__ import annotations
 
