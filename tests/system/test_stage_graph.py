@@ -51,14 +51,19 @@ def test_shared_layers_name_no_model_family():
     assert not found, "\n".join(found)
 
 
-@pytest.fixture(scope="module")
-def toy_server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("toy_repo")
+def _started_toy_server(repo: Path) -> TritonProcess:
+    """The toy family built into `repo` and served by a supervised tritonserver."""
     subprocess.run([sys.executable, "-m", "ensemble_builder", "build", "--family", "tests.toy_family.family",
                     "--pipeline", PIPELINE, "--deploy", str(ROOT / "tests/toy_family/toy_three_stage.yaml"),
                     "--out", str(repo)], check=True, cwd=ROOT, capture_output=True)
     server = TritonProcess(repo, log_path=repo / "tritonserver.log")
     server.start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def toy_server(tmp_path_factory):
+    server = _started_toy_server(tmp_path_factory.mktemp("toy_repo"))
     try:
         yield server
     finally:
@@ -260,12 +265,7 @@ def test_a_stage_whose_responses_stop_leaving_is_noticed_and_reloaded(tmp_path):
     with `unavailable:` naming the writer, the stuck stub is gone and the pipeline serves again,
     exactly. (Pings alone do not heal it that soon: under overload a healthy stage can answer
     nothing for seconds, supervisor.py `_wedged`.)"""
-    repo = tmp_path / "toy_repo"
-    subprocess.run([sys.executable, "-m", "ensemble_builder", "build", "--family", "tests.toy_family.family",
-                    "--pipeline", PIPELINE, "--deploy", str(ROOT / "tests/toy_family/toy_three_stage.yaml"),
-                    "--out", str(repo)], check=True, cwd=ROOT, capture_output=True)
-    server = TritonProcess(repo, log_path=tmp_path / "tritonserver.log")
-    server.start()
+    server = _started_toy_server(tmp_path / "toy_repo")
     try:
         writer = [s for s in stubs.stubs_of(server.server_pid) if s.model == f"{PIPELINE}__writer"]
         assert len(writer) == 1
