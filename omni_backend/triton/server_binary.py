@@ -77,13 +77,25 @@ def server_env() -> dict[str, str]:
     return env
 
 
+# Flags by which a caller decides auto-completion itself (`--strict-model-config=false` asks for it).
+_AUTO_COMPLETE_FLAGS = ("--disable-auto-complete-config", "--strict-model-config")
+
+
 def command(args: list[str]) -> list[str]:
     """Full argv for tritonserver (through the loader with jemalloc where OMNI_TRITON_ALLOCATOR asks
-    for it) with our backend directory unless the caller gave one."""
+    for it) with our backend directory unless the caller gave one, and auto-completion off.
+
+    The builder writes every config.pbtxt whole, so auto-completion has nothing to add, but the 2.51
+    Python backend runs it by starting a second stub per model (importing model.py) and stopping it,
+    taking the stub's health mutex with no time-out: one more Python process per model in every
+    start and reload, and one more place where a stub that dies holding that robust mutex aborts
+    tritonserver with `boost::interprocess::lock_exception` (perf/RESULTS.md)."""
     binary = str(binary_path())
     argv = [*server_malloc.preload_argv(binary), binary]
     if not any(a.startswith("--backend-directory") for a in args):
         argv.append(f"--backend-directory={backend_directory()}")
+    if not any(a.startswith(flag) for a in args for flag in _AUTO_COMPLETE_FLAGS):
+        argv.append("--disable-auto-complete-config")
     return argv + list(args)
 
 
