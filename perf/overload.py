@@ -15,8 +15,9 @@ the cores) and `--clients` client threads for `--minutes`. Each client loops ove
 A request that has neither finished nor failed `--bound-s` after it started is a wedge. A server
 crash is a tritonserver restart by the supervisor (or a dead supervisor); a pipeline reload is a
 heal. Every error must carry a stable code. Per run it prints requests, errors by code, wedges,
-mismatches, crashes, heals, the 2.51 async-execute race's log line ("Cannot remove future"), p50 /
-p95 time to first audio per interface, and the load average; exit status 1 when any run had a
+mismatches, crashes, heals, the 2.51 async-execute race's log line ("Cannot remove future"), the
+answers "Stub process ... is not healthy" (`unhl`: a stub the host did not schedule for a second
+while tritonserver waited on it; perf/stub_health_desync.py), p50 / p95 time to first audio per interface, and the load average; exit status 1 when any run had a
 crash, a wedge, a mismatch, a heal or an uncoded error.
 """
 from __future__ import annotations
@@ -324,6 +325,9 @@ def run_once(args, number: int) -> dict:
             "exact_checked": sum(x.kind == "exact" and x.end == "ok" for x in o),
             "crashes": int(crashed), "heals": log.count("reloading "),
             "keyerrors": log.count("Cannot remove future"),
+            # a stub declared unhealthy while alive: the 2.51 backend's queues then stand one
+            # message apart (perf/stub_health_desync.py)
+            "unhealthy": sum("is not healthy" in x.end for x in o),
             "segv": log.count("Signal (11)") + log.count("lock_exception"),
             "ttfa_grpc_p50_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "grpc" and x.ttfa_s], 0.5),
             "ttfa_grpc_p95_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "grpc" and x.ttfa_s], 0.95),
@@ -359,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.runs} runs x {args.minutes} min, {args.clients} clients, {args.burners} busy processes "
           f"on {os.cpu_count()} cores, bound {args.bound_s:.0f} s", flush=True)
     header = (f"{'run':>3} {'reqs':>5} {'ok':>5} {'hang':>5} {'exact':>5} {'mism':>4} {'wedge':>5} {'crash':>5} "
-              f"{'heal':>4} {'keyerr':>6} {'grpc p50/p95 ms':>16} {'http p50/p95 ms':>16} {'load':>5}  errors")
+              f"{'heal':>4} {'keyerr':>6} {'unhl':>4} {'grpc p50/p95 ms':>16} {'http p50/p95 ms':>16} {'load':>5}  errors")
     results = []
     for n in range(1, args.runs + 1):
         r = run_once(args, n)
@@ -367,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         if n == 1:
             print(header)
         print(f"{n:>3} {r['requests']:>5} {r['ok']:>5} {r['hang_ups']:>5} {r['exact_checked']:>5} {r['mismatches']:>4} "
-              f"{r['wedges']:>5} {r['crashes']:>5} {r['heals']:>4} {r['keyerrors']:>6} "
+              f"{r['wedges']:>5} {r['crashes']:>5} {r['heals']:>4} {r['keyerrors']:>6} {r['unhealthy']:>4} "
               f"{r['ttfa_grpc_p50_ms']:>7.0f}/{r['ttfa_grpc_p95_ms']:<8.0f} {r['ttfa_http_p50_ms']:>7.0f}/{r['ttfa_http_p95_ms']:<8.0f} "
               f"{r['load_avg']:>5}  {r['errors'] or '-'}{'  FAILED, logs: ' + r['log'] if failed(r) else ''}", flush=True)
         for sample in r["uncoded_samples"]:

@@ -6,13 +6,24 @@ answered with empty outputs. The rest are grouped by `batch_key` (requests that 
 batch) and each group runs through `run_batch`; a failing group fails its own requests only.
 Families implement `load`, `batch_key` and `run_batch`.
 
-A plain (non-decoupled) model on purpose: as a decoupled one answering through its response
-sender, its fast answers crashed the calling entry's stub within seconds of a storm of streams
-(2.51 Python backend; perf/RESULTS.md, 2026-12-03).
+`execute` only queues the requests and returns None; a worker thread runs the batches and answers
+each request through its response sender (one response, FINAL: allowed for a non-decoupled model).
+Why: while tritonserver waits for `execute` to return, the 2.51 Python backend checks every second
+that the stub's health thread has run, and a stub the host did not schedule for that second (an
+overloaded CPU, a paused process) is declared "not healthy": that call fails, and the server's and
+the stub's message queues are left one message apart, so the next call reads a message the other
+side has freed and tritonserver aborts (`boost::interprocess::lock_exception` or SIGSEGV in
+`IPCMessage::LoadFromSharedMemory`; perf/stub_health_desync.py shows it in seconds). A model
+that computes in `execute` is exposed for its whole compute time, one that returns at once only
+for that moment. The answer still reaches the caller as a plain (non-decoupled) response: as a
+decoupled model answering through its sender, its fast answers crashed the calling entry's stub
+within seconds of a storm of streams (perf/RESULTS.md, 2026-12-03).
 """
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from typing import Any, Hashable
 
 import numpy as np
@@ -38,7 +49,11 @@ class BatchedStage:
         self.pipeline, self.deploy, self.model_path = built.pipeline, built.deploy, built.model_path
         self.stage_config = self.pipeline.stages[int(self.parameters["stage_id"])]
         self.stage_deploy = self.deploy.stage(self.stage_config.stage_id)
+        self.max_batch = max(1, int(config.get("max_batch_size", 0) or 1))
         self.load()
+        self._pending: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._serve, name=f"{self.model_name}-batches", daemon=True)
+        self._worker.start()
 
     def load(self) -> None:
         """Load weights; override."""
@@ -58,7 +73,41 @@ class BatchedStage:
         variable = [inputs[t.name] for t in self.stage_config.inputs if -1 in t.dims and t.name in inputs]
         return bool(variable) and all(a.size == 0 for a in variable)
 
-    def execute(self, requests: list) -> list:
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            self._pending.put(request)
+        return None
+
+    def _serve(self) -> None:
+        """The worker: everything queued so far (up to the model's max_batch_size) is one round."""
+        while True:
+            first = self._pending.get()
+            if first is None:
+                return
+            requests = [first]
+            while len(requests) < self.max_batch:
+                try:
+                    nxt = self._pending.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._pending.put(None)
+                    break
+                requests.append(nxt)
+            try:
+                responses = self.answer(requests)
+            except Exception as e:  # noqa: BLE001 - the worker must live on: these requests fail
+                message = f"internal: {self.stage_config.model_stage}: {type(e).__name__}: {e}"
+                responses = [pb_utils.InferenceResponse(error=pb_utils.TritonError(message))] * len(requests)
+            for request, response in zip(requests, responses):
+                try:
+                    request.get_response_sender().send(
+                        response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                except Exception as e:  # noqa: BLE001 - a caller gone or a server stopping: the rest still go
+                    pb_utils.Logger.log_warn(f"{self.model_name}: a response could not be sent: {e}")
+
+    def answer(self, requests: list) -> list:
+        """One response per request: pings answered empty, the rest run in groups by batch_key."""
         groups: dict[Hashable, list[int]] = {}
         batches: list[Inputs | None] = []
         responses: list[Any] = [None] * len(requests)
@@ -91,4 +140,6 @@ class BatchedStage:
         return responses
 
     def finalize(self) -> None:
+        self._pending.put(None)
+        self._worker.join(timeout=5.0)
         stub_process.exit_after_finalize()

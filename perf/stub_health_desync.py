@@ -1,0 +1,146 @@
+"""A batched stage's stub that is not scheduled for a second: does tritonserver survive it?
+
+    .venv/bin/python perf/stub_health_desync.py [--when during|before] [--pause-s 3] [--frames 2000]
+
+Starts a plain tritonserver (no supervisor, so nothing heals) with only the tiny Qwen3-TTS codec
+(`qwen3_tts_tiny_random__code2wav` from the committed model_repository), records its answers to a
+few code windows, then pauses its stub with SIGSTOP for `--pause-s` (a stand-in for a host that
+does not schedule it) and resumes it:
+
+- `--when during`: the pause starts while a long decode (`--frames`) is running, after the call
+  reached the stub;
+- `--when before`: the stub is paused before the call is sent.
+
+While tritonserver waits for a model's `execute` to return, the 2.51 Python backend checks each
+second that the stub's health thread ran; if not, that call fails with "Stub process ... is not
+healthy" and the two sides' message queues are left one message apart. The script then makes 12
+more calls and prints what each got (equal to the recorded answer, different, or an error) and
+whether the server is still alive. Exit status 1 when the server died or an answer differed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import tritonclient.grpc as grpcclient  # noqa: E402
+
+from client.service_process import free_port  # noqa: E402
+from omni_backend.supervisor import stubs  # noqa: E402
+from omni_backend.triton import server_binary  # noqa: E402
+
+MODEL = "qwen3_tts_tiny_random__code2wav"
+GROUPS = 16   # the tiny checkpoint's code groups
+
+
+def codes(seed: int, frames: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 100, size=(1, GROUPS, frames), dtype=np.int64)
+
+
+def call(client: grpcclient.InferenceServerClient, window: np.ndarray, timeout_s: float = 60.0) -> np.ndarray:
+    c = grpcclient.InferInput("CODES", list(window.shape), "INT64")
+    c.set_data_from_numpy(window)
+    left = grpcclient.InferInput("LEFT_CONTEXT", [1, 1], "INT32")
+    left.set_data_from_numpy(np.zeros((1, 1), dtype=np.int32))
+    return client.infer(MODEL, [c, left], client_timeout=timeout_s).as_numpy("AUDIO")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--when", choices=("during", "before"), default="during")
+    ap.add_argument("--pause-s", type=float, default=3.0)
+    ap.add_argument("--frames", type=int, default=2000, help="frames of the long decode paused in `during`")
+    args = ap.parse_args(argv)
+    grpc_port = free_port()
+    log_path = Path(tempfile.mkdtemp(prefix="omni-desync-")) / "tritonserver.log"
+    server_args = [f"--model-repository={ROOT / 'model_repository'}", f"--grpc-port={grpc_port}",
+                   f"--http-port={free_port()}", f"--metrics-port={free_port()}",
+                   "--model-control-mode=explicit", f"--load-model={MODEL}"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(server_binary.command(server_args), env=server_binary.server_env(),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    client = grpcclient.InferenceServerClient(f"localhost:{grpc_port}")
+    failed = False
+    try:
+        deadline = time.monotonic() + 180
+        while not _ready(client):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                print(f"the server did not start; log: {log_path}")
+                return 1
+            time.sleep(0.5)
+        reference = {s: call(client, codes(s, 8)) for s in range(6)}
+        stub = next(s for s in stubs.stubs_of(proc.pid) if s.model == MODEL)
+        print(f"pause {args.when} a call, {args.pause_s:.1f} s; stub pid {stub.pid}; log: {log_path}", flush=True)
+        result: dict[str, str] = {}
+
+        def paused_call() -> None:
+            try:
+                call(client, codes(99, args.frames if args.when == "during" else 8), timeout_s=120)
+                result["paused"] = "answered"
+            except Exception as e:  # noqa: BLE001 - what the caller saw is the result
+                result["paused"] = f"error: {str(e)[:160]}"
+
+        if args.when == "before":
+            os.kill(stub.pid, signal.SIGSTOP)
+        caller = threading.Thread(target=paused_call)
+        caller.start()
+        if args.when == "during":
+            time.sleep(0.3)   # the call is in the stub, decoding
+            os.kill(stub.pid, signal.SIGSTOP)
+        time.sleep(args.pause_s)
+        os.kill(stub.pid, signal.SIGCONT)
+        caller.join()
+        print(f"the paused call: {result['paused']}", flush=True)
+        for i in range(12):
+            seed = i % len(reference)
+            try:
+                got = call(client, codes(seed, 8), timeout_s=30)
+                outcome = "equal" if np.array_equal(got, reference[seed]) else "DIFFERENT"
+                failed |= outcome != "equal"
+            except Exception as e:  # noqa: BLE001
+                outcome = f"error: {str(e)[:120]}"
+            alive = proc.poll() is None
+            print(f"call {i + 1:2d} after: {outcome}; server alive: {alive}", flush=True)
+            if not alive:
+                failed = True
+                print("the server died:", " | ".join(_last_lines(log_path, 3)))
+                break
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        for left in stubs.orphan_stubs():
+            stubs.kill([left])
+        stubs.remove_stale_regions(min_age_s=0.0)
+    print("survived" if not failed else "FAILED")
+    return 1 if failed else 0
+
+
+def _ready(client: grpcclient.InferenceServerClient) -> bool:
+    try:
+        return client.is_model_ready(MODEL)
+    except Exception:  # noqa: BLE001 - not listening yet
+        return False
+
+
+def _last_lines(path: Path, n: int) -> list[str]:
+    """The server's last words: its fatal signal and what it threw."""
+    keys = ("Signal (", "terminate called", "what():")
+    return [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip().startswith(keys)][-n:]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
