@@ -46,10 +46,7 @@ class TritonProcess(ServiceProcess):
                 "--allow-metrics=true",
                 # Large tensors and many concurrent streams: start shared memory bigger than the
                 # 1 MiB default so streams do not stall on growth; grow (rare: a peak of audio held
-                # at once) in 16 MiB steps. Every growth risks the 2.51 stub reading a message the
-                # server put in the grown part before remapping (a SIGSEGV in
-                # `IPCMessage::LoadFromSharedMemory`, then tritonserver's lock_exception abort):
-                # 4 MiB steps crashed 1 of 10 overload runs, 16 MiB ones none of 26 (perf/RESULTS.md).
+                # at once, once in a 30-minute soak, never in an overload run) in 16 MiB steps.
                 "--backend-config=python,shm-default-byte-size=16777216",
                 "--backend-config=python,shm-growth-byte-size=16777216",
                 f"--log-verbose={os.environ.get('OMNI_TRITON_LOG_VERBOSE', '0')}", *self.extra_args]

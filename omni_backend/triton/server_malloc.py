@@ -3,14 +3,12 @@
 tritonserver is a C++ program with ~560 threads (the Python backend keeps a pool per model
 instance). On glibc what it uses stays at ~3.4 MB while its heaps keep the pages freed between live
 chunks: its resident memory rose 10-18 % over a 30-minute soak. jemalloc (`OMNI_TRITON_ALLOCATOR=
-jemalloc`) gives unused pages back and kept it within 5 %, but the 2.51 Python backend then crashed
-in 2 of 9 overload runs, one a SIGSEGV in memcpy under `ModelInstanceExecute` -> `ProcessRequests` ->
-`InferResponse::Send` -> `CopyBuffer` (a non-decoupled model's response), the other a stub's
-fault in its shared-memory pool, and returning pages with `malloc_trim` on glibc crashed it too.
-Not settled: with freed memory overwritten (jemalloc `junk:true`) 2 runs were clean, those runs
-also grew the pool in 4 MiB steps (a glibc run crashed the same way in the stub), and decoupled
-codecs, which avoid that copy, crashed the calling entry's stub instead (perf/RESULTS.md). A server
-that stays up comes first, so glibc is the default.
+jemalloc`) gives unused pages back and kept it within 5 %, but 3 of 19 overload runs on it crashed
+(against 1 of 42 on glibc), and after one crash two restarts in a row aborted while loading. The
+two crashes symbolized to the instruction (one on each allocator) share one cause: the 2.51
+backend reading a message it or its stub had freed after declaring a starved stub "not healthy"
+(batched_stage.py); whether jemalloc only makes those reads fault more often is not known. A server that stays up comes first, so glibc is
+the default.
 
 jemalloc is loaded with the dynamic loader's `--preload`, not `LD_PRELOAD`, so the stubs
 tritonserver starts (Python, PyTorch) keep glibc and their own tuned heaps; the loader runs through
