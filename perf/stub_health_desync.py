@@ -83,12 +83,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pause {args.when} a call, {args.pause_s:.1f} s; stub pid {stub.pid}; log: {log_path}", flush=True)
         result: dict[str, str] = {}
 
+        ended: list[float] = []
+
         def paused_call() -> None:
             try:
                 call(client, codes(99, args.frames if args.when == "during" else 8), timeout_s=120)
                 result["paused"] = "answered"
             except Exception as e:  # noqa: BLE001 - what the caller saw is the result
                 result["paused"] = f"error: {str(e)[:160]}"
+            ended.append(time.monotonic())
 
         if args.when == "before":
             os.kill(stub.pid, signal.SIGSTOP)
@@ -99,8 +102,13 @@ def main(argv: list[str] | None = None) -> int:
             os.kill(stub.pid, signal.SIGSTOP)
         time.sleep(args.pause_s)
         os.kill(stub.pid, signal.SIGCONT)
+        resumed = time.monotonic()
         caller.join()
         print(f"the paused call: {result['paused']}", flush=True)
+        if args.when == "during" and result["paused"] == "answered" and ended[0] < resumed:
+            # the decode was over before the pause began: nothing was tested
+            print(f"the paused call was answered before the stub was resumed: use more than {args.frames} --frames")
+            return 2
         for i in range(12):
             seed = i % len(reference)
             try:
