@@ -74,6 +74,7 @@ class BatchedStage:
         return bool(variable) and all(a.size == 0 for a in variable)
 
     def execute(self, requests: list) -> None:
+        """Queue the requests for the worker and return at once (the module's docstring says why)."""
         for request in requests:
             self._pending.put(request)
         return None
@@ -98,7 +99,7 @@ class BatchedStage:
                 responses = self.answer(requests)
             except Exception as e:  # noqa: BLE001 - the worker must live on: these requests fail
                 message = f"internal: {self.stage_config.model_stage}: {type(e).__name__}: {e}"
-                responses = [pb_utils.InferenceResponse(error=pb_utils.TritonError(message))] * len(requests)
+                responses = [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
             for request, response in zip(requests, responses):
                 try:
                     request.get_response_sender().send(
