@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     client = grpcclient.InferenceServerClient(f"localhost:{grpc_port}")
     failed = False
+    ours: list[stubs.Stub] = []
     try:
         deadline = time.monotonic() + 180
         while not _ready(client):
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             time.sleep(0.5)
         reference = {s: call(client, codes(s, 8)) for s in range(6)}
-        stub = next(s for s in stubs.stubs_of(proc.pid) if s.model == MODEL)
+        ours = stubs.stubs_of(proc.pid)
+        stub = next(s for s in ours if s.model == MODEL)
         print(f"pause {args.when} a call, {args.pause_s:.1f} s; stub pid {stub.pid}; log: {log_path}", flush=True)
         result: dict[str, str] = {}
 
@@ -130,9 +132,10 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-        for left in stubs.orphan_stubs():
-            stubs.kill([left])
-        stubs.remove_stale_regions(min_age_s=0.0)
+        # a server that aborted leaves its stubs and their shared memory: only ours are removed
+        stubs.kill([s for s in ours if stubs.parse_stub(s.pid) == s])
+        time.sleep(0.5)
+        stubs.remove_stale_regions(names={s.region for s in ours if s.region})
     print("survived" if not failed else "FAILED")
     return 1 if failed else 0
 
