@@ -17,8 +17,9 @@ crash is a tritonserver restart by the supervisor (or a dead supervisor); a pipe
 heal. Every error must carry a stable code. Per run it prints requests, errors by code, wedges,
 mismatches, crashes, heals, the 2.51 async-execute race's log line ("Cannot remove future"), the
 answers "Stub process ... is not healthy" (`unhl`: a stub the host did not schedule for a second
-while tritonserver waited on it; perf/stub_health_desync.py), p50 / p95 time to first audio per interface, and the load average; exit status 1 when any run had a
-crash, a wedge, a mismatch, a heal or an uncoded error.
+while tritonserver waited on it; perf/stub_health_desync.py), p50 / p95 time to first audio per
+interface, and the load average; exit status 1 when any run had a crash, a wedge, a mismatch, a
+heal or an uncoded error.
 """
 from __future__ import annotations
 

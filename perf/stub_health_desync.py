@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,12 +34,19 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 
-from client.service_process import free_port  # noqa: E402
+from client.triton_process import TritonProcess  # noqa: E402
 from omni_backend.supervisor import stubs  # noqa: E402
 from omni_backend.triton import server_binary  # noqa: E402
 
 MODEL = "qwen3_tts_tiny_random__code2wav"
 GROUPS = 16   # the tiny checkpoint's code groups
+
+
+class PlainTriton(TritonProcess):
+    """tritonserver itself with the project's flags, without the supervisor: nothing heals."""
+
+    def command(self) -> list[str]:
+        return server_binary.command(self.args())
 
 
 def codes(seed: int, frames: int) -> np.ndarray:
@@ -61,28 +67,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause-s", type=float, default=3.0)
     ap.add_argument("--frames", type=int, default=2000, help="frames of the long decode paused in `during`")
     args = ap.parse_args(argv)
-    grpc_port = free_port()
-    log_path = Path(tempfile.mkdtemp(prefix="omni-desync-")) / "tritonserver.log"
-    server_args = [f"--model-repository={ROOT / 'model_repository'}", f"--grpc-port={grpc_port}",
-                   f"--http-port={free_port()}", f"--metrics-port={free_port()}",
-                   "--model-control-mode=explicit", f"--load-model={MODEL}"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(server_binary.command(server_args), env=server_binary.server_env(),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    client = grpcclient.InferenceServerClient(f"localhost:{grpc_port}")
+    work = Path(tempfile.mkdtemp(prefix="omni-desync-"))
+    server = PlainTriton(ROOT / "model_repository", log_path=work / "tritonserver.log",
+                         extra_args=["--model-control-mode=explicit", f"--load-model={MODEL}"])
+    server.start(timeout_s=180)
+    proc = server.proc
+    client = grpcclient.InferenceServerClient(server.grpc_url)
     failed = False
     ours: list[stubs.Stub] = []
     try:
-        deadline = time.monotonic() + 180
-        while not _ready(client):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                print(f"the server did not start; log: {log_path}")
-                return 1
-            time.sleep(0.5)
         reference = {s: call(client, codes(s, 8)) for s in range(6)}
         ours = stubs.stubs_of(proc.pid)
         stub = next(s for s in ours if s.model == MODEL)
-        print(f"pause {args.when} a call, {args.pause_s:.1f} s; stub pid {stub.pid}; log: {log_path}", flush=True)
+        print(f"pause {args.when} a call, {args.pause_s:.1f} s; stub pid {stub.pid}; log: {server.log_path}", flush=True)
         result: dict[str, str] = {}
 
         ended: list[float] = []
@@ -123,34 +120,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"call {i + 1:2d} after: {outcome}; server alive: {alive}", flush=True)
             if not alive:
                 failed = True
-                print("the server died:", " | ".join(_last_lines(log_path, 3)))
+                print("the server died:", " | ".join(_last_words(server.log_text(), 3)))
                 break
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        # a server that aborted leaves its stubs and their shared memory: only ours are removed
-        stubs.kill([s for s in ours if stubs.parse_stub(s.pid) == s])
-        time.sleep(0.5)
+        server.stop()   # the process group: stubs a server that aborted left behind go with it
+        # their shared memory stays (SIGKILL): only this server's regions are removed
         stubs.remove_stale_regions(names={s.region for s in ours if s.region})
     print("survived" if not failed else "FAILED")
     return 1 if failed else 0
 
 
-def _ready(client: grpcclient.InferenceServerClient) -> bool:
-    try:
-        return client.is_model_ready(MODEL)
-    except Exception:  # noqa: BLE001 - not listening yet
-        return False
-
-
-def _last_lines(path: Path, n: int) -> list[str]:
+def _last_words(log: str, n: int) -> list[str]:
     """The server's last words: its fatal signal and what it threw."""
     keys = ("Signal (", "terminate called", "what():")
-    return [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip().startswith(keys)][-n:]
+    return [ln.strip() for ln in log.splitlines() if ln.strip().startswith(keys)][-n:]
 
 
 if __name__ == "__main__":

@@ -98,8 +98,7 @@ class BatchedStage:
             try:
                 responses = self.answer(requests)
             except Exception as e:  # noqa: BLE001 - the worker must live on: these requests fail
-                message = f"internal: {self.stage_config.model_stage}: {type(e).__name__}: {e}"
-                responses = [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
+                responses = [self._error_response(e) for _ in requests]
             for request, response in zip(requests, responses):
                 try:
                     request.get_response_sender().send(
@@ -134,11 +133,14 @@ class BatchedStage:
                     responses[i] = pb_utils.InferenceResponse(
                         output_tensors=[pb_utils.Tensor(n, np.ascontiguousarray(a)) for n, a in out.items()])
             except Exception as e:  # noqa: BLE001 - a bad window fails its own requests only
-                message = str(e) if isinstance(e, PipelineError) else \
-                    f"internal: {self.stage_config.model_stage}: {type(e).__name__}: {e}"
                 for i in members:
-                    responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+                    responses[i] = self._error_response(e)
         return responses
+
+    def _error_response(self, e: Exception):
+        message = str(e) if isinstance(e, PipelineError) else \
+            f"internal: {self.stage_config.model_stage}: {type(e).__name__}: {e}"
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
     def finalize(self) -> None:
         self._pending.put(None)

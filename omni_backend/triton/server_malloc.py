@@ -7,8 +7,8 @@ jemalloc`) gives unused pages back and kept it within 5 %, but 3 of 19 overload 
 (against 1 of 42 on glibc), and after one crash two restarts in a row aborted while loading. The
 two crashes symbolized to the instruction (one on each allocator) share one cause: the 2.51
 backend reading a message it or its stub had freed after declaring a starved stub "not healthy"
-(batched_stage.py); whether jemalloc only makes those reads fault more often is not known. A server that stays up comes first, so glibc is
-the default.
+(batched_stage.py); whether jemalloc only makes those reads fault more often is not known. A
+server that stays up comes first, so glibc is the default.
 
 jemalloc is loaded with the dynamic loader's `--preload`, not `LD_PRELOAD`, so the stubs
 tritonserver starts (Python, PyTorch) keep glibc and their own tuned heaps; the loader runs through
