@@ -22,6 +22,9 @@ class SupervisorOptions:
     ping_timeout_secs: float = 3.0
     stalled_secs: float = 20.0          # a stub whose heartbeat is this old is stuck: reloaded
     unresponsive_secs: float = 120.0    # pings unanswered this long while the pipeline does nothing
+    # a start that is not ready this long after it began: its loading stubs' stacks are logged,
+    # and it is killed and started again (a stub can hang in its start-up on a starved host)
+    start_timeout_secs: float = 600.0
     drain_secs: float = 4.0             # SIGTERM: how long running streams may go on
     stop_secs: float = 4.0              # then how long tritonserver has to exit before SIGKILL
     server_args: list[str] = field(default_factory=list)

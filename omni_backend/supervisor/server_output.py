@@ -7,6 +7,9 @@ heap lock that the failed `free` still held. The process stayed alive, each thre
 allocated from that heap stopped in turn, and the server served less and less for six minutes,
 then nothing; no exit, so no restart. A process that said it crashed is ended within
 `FATAL_EXIT_S` (killed if it does not end by itself), and the supervisor restarts it.
+
+`Loading` follows the models the log says are loading, so that a start-up that never becomes
+ready can be reported by the models it still waits for.
 """
 from __future__ import annotations
 
@@ -20,13 +23,38 @@ from typing import BinaryIO, Callable
 FATAL_SIGNAL = re.compile(rb"Signal \((4|6|7|8|11)\) received\.")
 FATAL_EXIT_S = 10.0   # the handler's own backtrace and exit take well under a second
 _TAIL = 256           # enough to find the line split across two reads
+# model_lifecycle.cc's lines: `"loading: <name>:<version>"`, `"successfully loaded '<name>'"`,
+# `"failed to load '<name>' version <v>: ..."`
+_LOADING = re.compile(rb'"loading: ([^"]+):\d+"')
+_LOADED = re.compile(rb"\"(?:successfully loaded|failed to load) '([^']+)'")
+
+
+class Loading:
+    """The models tritonserver said it started loading and has not yet said it loaded or failed."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, None] = {}   # in the order they started
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()[-4096:]
+        for line in lines:
+            if found := _LOADING.search(line):
+                self._pending[found.group(1).decode(errors="replace")] = None
+            elif found := _LOADED.search(line):
+                self._pending.pop(found.group(1).decode(errors="replace"), None)
+
+    @property
+    def pending(self) -> list[str]:
+        return list(self._pending)
 
 
 async def forward(stream: asyncio.StreamReader, on_fatal: Callable[[bytes], None],
-                  out: BinaryIO | None = None) -> None:
+                  out: BinaryIO | None = None, loading: Loading | None = None) -> None:
     """Copy `stream` to `out` (stdout) until it ends; call `on_fatal(line)` once, the first time
     the crash handler's line is seen (it must not block: the handler's backtrace still has to
-    get through)."""
+    get through); `loading` is fed everything."""
     out = out or sys.stdout.buffer
     tail = b""
     seen = False
@@ -36,6 +64,8 @@ async def forward(stream: asyncio.StreamReader, on_fatal: Callable[[bytes], None
             return
         out.write(data)
         out.flush()
+        if loading is not None:
+            loading.feed(data)
         if seen:
             continue
         tail = (tail + data)[-(len(data) + _TAIL):]

@@ -95,6 +95,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS if len(fields) > 12 else 0.0
 
 
+_STATES = {"R": "running", "S": "sleeping", "D": "waiting on I/O", "T": "stopped", "t": "traced", "Z": "a zombie"}
+
+
+def state(stub: Stub) -> str:
+    """The stub's scheduling state, in words (/proc/<pid>/stat)."""
+    code = _ppid_and_state(stub.pid)[1]
+    return _STATES.get(code, "gone" if code == "?" else code)
+
+
 def stopped(stub: Stub) -> bool:
     """Stopped by a signal (SIGSTOP, SIGTSTP) or a tracer: it will answer nothing."""
     return _ppid_and_state(stub.pid)[1] in ("T", "t")

@@ -167,13 +167,15 @@ class Supervisor:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         proc = self.proc
         self.crashed = False
+        loading = server_output.Loading()
         output = asyncio.ensure_future(server_output.forward(
-            proc.stdout, lambda line: self._spawn(self._end_crashed(proc, line))))
+            proc.stdout, lambda line: self._spawn(self._end_crashed(proc, line)), loading=loading))
         self.control = TritonControl(self.opts.grpc_url, self.opts.metrics_url)
         self.states.clear()
         was_ready = False
         exited = asyncio.ensure_future(self.proc.wait())
         stop = asyncio.ensure_future(self.stop_requested.wait())
+        start_deadline = time.monotonic() + self.opts.start_timeout_secs
         try:
             while True:
                 done, _ = await asyncio.wait({exited, stop}, timeout=TICK_S)
@@ -187,6 +189,9 @@ class Supervisor:
                     # leaves no process or shared memory behind
                     self._note_stubs()
                     was_ready = await self._became_ready()
+                    if not was_ready and time.monotonic() > start_deadline and not self.crashed:
+                        self.crashed = True   # killed once; it is started again when it has exited
+                        await self._end_hung_start(proc, loading.pending)
                     continue
                 if not self.crashed:   # a crashed server's stubs die with it: no heal
                     self._check_stubs()
@@ -213,6 +218,25 @@ class Supervisor:
         except asyncio.TimeoutError:
             log.error("tritonserver hung in its crash handler: killing it")
             _kill_server(proc)
+
+    async def _end_hung_start(self, proc: asyncio.subprocess.Process, pending: list[str]) -> None:
+        """The server is not ready `start_timeout_secs` after it started: the stubs of the models
+        it still loads write their stacks to the log (stub_process.STACKS_SIGNAL), then it is
+        killed, and started again like one that crashed."""
+        waiting = [s for s in stubs.stubs_of(proc.pid) if s.model in pending]
+        described = [f"{s.model} (stub {s.pid}: {stubs.state(s)}, {stubs.cpu_seconds(s.pid):.1f} s CPU)"
+                     for s in waiting]
+        described += [m for m in pending if m not in {s.model for s in waiting}]
+        log.error("tritonserver is not ready %.0f s after it started; still loading: %s; killing it",
+                  self.opts.start_timeout_secs, ", ".join(described) or "nothing the log names")
+        for stub in waiting:
+            try:
+                os.kill(stub.pid, stub_process.STACKS_SIGNAL)
+            except ProcessLookupError:
+                pass
+        if waiting:
+            await asyncio.sleep(1.0)   # the stacks travel through the output pipe
+        _kill_server(proc)
 
     async def _became_ready(self) -> bool:
         if not await self.control.ready():

@@ -40,6 +40,7 @@ Inputs = dict[str, np.ndarray]
 class BatchedStage:
     def initialize(self, args: dict) -> None:
         stub_process.start_orphan_guard()
+        stub_process.dump_stacks_on_signal()
         stub_process.start_heartbeat()
         release_free_memory_in_background()   # batches of varying shapes: bounded heaps, trimmed
         config = json.loads(args["model_config"])

@@ -121,6 +121,7 @@ class DecoupledModel:
 
     def initialize(self, args: dict) -> None:
         stub_process.start_orphan_guard()
+        stub_process.dump_stacks_on_signal()
         release_free_memory_in_background()   # BLS and response threads: bounded heaps, trimmed
         self.model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]

@@ -11,6 +11,10 @@ objects included) from a background thread without the GIL, which can hang: orph
 (parent pid 1, hundreds of MB each, ignoring SIGTERM) kept their shared-memory regions in
 /dev/shm. The guard unlinks the stub's own region and leaves with `os._exit`.
 
+`dump_stacks_on_signal`: STACKS_SIGNAL (SIGUSR2) makes the stub write every thread's stack to its
+stderr (the server log) from faulthandler's C handler, which needs no GIL: the supervisor sends it
+to the stubs of a start-up that hangs before it kills them, so what held them is on record.
+
 `start_heartbeat`: under the supervisor (which sets `OMNI_HEARTBEAT_DIR`), the stub touches the
 file `<dir>/<pid>` twice a second from its event loop (or a thread, for a model without one). A
 ping through Triton waits in the model's queue behind every request and so cannot tell a stuck
@@ -28,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -72,6 +77,14 @@ def start_orphan_guard(interval_s: float = 0.5) -> None:
     _started = True
     threading.Thread(target=_watch, args=(os.getppid(), stub_shm_region(), interval_s),
                      name="orphan-guard", daemon=True).start()
+
+
+STACKS_SIGNAL = signal.SIGUSR2
+
+
+def dump_stacks_on_signal() -> None:
+    """From now on STACKS_SIGNAL writes every thread's stack to stderr (the process goes on)."""
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
 
 
 HEARTBEAT_ENV = "OMNI_HEARTBEAT_DIR"

@@ -40,3 +40,16 @@ def test_a_normal_stop_and_other_output_are_not_crashes():
     out, seen = run("Signal (15) received.\\n", "Signal (2) received.\\n", "no Signal (6) here\\n")
     assert seen == []
     assert out.endswith(b"no Signal (6) here\n")
+
+
+def test_loading_follows_the_models_the_log_says_are_still_loading():
+    loading = server_output.Loading()
+    loading.feed(b'I1203 18:42:58.309 5866 model_lifecycle.cc:472] "loading: hibari:1"\n'
+                 b'I1203 18:42:58.309 5866 model_lifecycle.cc:472] "loading: qwen3_tts__code2')
+    assert loading.pending == ["hibari"]   # the second line is not whole yet
+    loading.feed(b'wav:1"\nI1203 model_lifecycle.cc:472] "loading: orpheus__lm:2"\n'
+                 b'''I1203 model_lifecycle.cc:839] "successfully loaded 'hibari'"\n''')
+    assert loading.pending == ["qwen3_tts__code2wav", "orpheus__lm"]
+    loading.feed(b'''E1203 model_lifecycle.cc:641] "failed to load 'orpheus__lm' version 2: Internal: boom"\n''')
+    loading.feed(b'''I1203 omni: a stub printed "successfully loaded" but named nothing\n''')
+    assert loading.pending == ["qwen3_tts__code2wav"]

@@ -233,3 +233,26 @@ def test_a_server_killed_before_it_was_ready_is_started_again(monkeypatch, tmp_p
     sup = _supervisor()
     assert asyncio.run(sup.run()) == code
     assert len(log.read_text()) == launches
+
+
+def test_a_start_that_is_never_ready_is_killed_after_the_start_timeout_and_started_again(monkeypatch, tmp_path):
+    import sys
+
+    from omni_backend.supervisor import supervisor as module
+
+    log = tmp_path / "launches"
+    # a "server" that logs one model loading and then neither finishes nor opens its port
+    script = (f"open({str(log)!r}, 'a').write('x'); "
+              "print('I1203 model_lifecycle.cc:472] \\x22loading: slow_model:1\\x22', flush=True); "
+              "import time; time.sleep(600)")
+    monkeypatch.setattr(module.server_binary, "command", lambda args: [sys.executable, "-c", script])
+    sup = _supervisor(**{"start-timeout-secs": 1})
+    messages = []
+    monkeypatch.setattr(module.log, "error", lambda msg, *args: messages.append(msg % args))
+    # killed while loading (it would have slept, then exited 0), never ready: like one that
+    # crashed in its start-up, started 3 more times
+    assert asyncio.run(sup.run()) == -signal.SIGKILL
+    assert len(log.read_text()) == 1 + module.START_RETRIES
+    hung = [m for m in messages if "is not ready 1 s after it started" in m]
+    assert len(hung) == 1 + module.START_RETRIES
+    assert "still loading: slow_model;" in hung[0]
