@@ -176,6 +176,7 @@ class Supervisor:
         exited = asyncio.ensure_future(self.proc.wait())
         stop = asyncio.ensure_future(self.stop_requested.wait())
         start_deadline = time.monotonic() + self.opts.start_timeout_secs
+        hung_start_killed = False   # it is started again once it has exited
         try:
             while True:
                 done, _ = await asyncio.wait({exited, stop}, timeout=TICK_S)
@@ -189,8 +190,8 @@ class Supervisor:
                     # leaves no process or shared memory behind
                     self._note_stubs()
                     was_ready = await self._became_ready()
-                    if not was_ready and time.monotonic() > start_deadline and not self.crashed:
-                        self.crashed = True   # killed once; it is started again when it has exited
+                    if not (was_ready or hung_start_killed or self.crashed) and time.monotonic() > start_deadline:
+                        hung_start_killed = True
                         await self._end_hung_start(proc, loading.pending)
                     continue
                 if not self.crashed:   # a crashed server's stubs die with it: no heal

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
