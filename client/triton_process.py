@@ -10,7 +10,7 @@ from pathlib import Path
 from client.service_process import ServiceProcess, free_port
 from omni_backend.triton import server_binary
 
-__all__ = ["TritonProcess", "free_port"]
+__all__ = ["PlainTritonProcess", "TritonProcess", "free_port"]
 
 
 class TritonProcess(ServiceProcess):
@@ -78,3 +78,15 @@ class TritonProcess(ServiceProcess):
                 return r.status == 200
         except OSError:
             return False
+
+
+class PlainTritonProcess(TritonProcess):
+    """tritonserver itself with the project's flags, without the supervisor: nothing heals, so
+    what Triton alone does after a fault shows."""
+
+    def command(self) -> list[str]:
+        return server_binary.command(self.args())
+
+    @property
+    def server_pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid

@@ -26,6 +26,17 @@ SAMPLING_KEYS = ("temperature", "top_k", "top_p", "repetition_penalty", "do_samp
                  "max_new_tokens", "min_new_tokens")
 
 
+# The 2.51 Python backend gives each model instance one pool of threads (its `thread-pool-size`,
+# 32 by default) for two jobs: the BLS calls its stub makes, each held until the call's first
+# answer, and the responses its stub sends. An entry with more BLS calls in flight than the pool
+# has threads (a stage that stopped answering, its streams' pulls all waiting) leaves none to send
+# its responses: its streams, and the supervisor's `abort`, could not end. tritonserver gets this
+# many (omni_backend/triton/server_binary.py) and an entry's BLS threads stay below it.
+PYTHON_BACKEND_THREADS = 96
+RESPONSE_THREADS = 16
+MAX_BLS_THREADS = PYTHON_BACKEND_THREADS - RESPONSE_THREADS
+
+
 class DeployError(ValueError):
     """A deploy YAML problem; the message starts with `<file>: <key>:`."""
 
@@ -232,6 +243,11 @@ def parse_deploy(raw: Any, source: str = "<dict>") -> DeployConfig:
         _check_keys(source, "entry.", e, EntryDeploy)
         for k, v in e.items():
             setattr(cfg.entry, k, _int(source, f"entry.{k}", v, 1))
+        if cfg.entry.bls_threads > MAX_BLS_THREADS:
+            raise _fail(source, "entry.bls_threads",
+                        f"must be at most {MAX_BLS_THREADS} (the Python backend's {PYTHON_BACKEND_THREADS} threads "
+                        f"per model instance, less {RESPONSE_THREADS} kept for sending responses), "
+                        f"got {cfg.entry.bls_threads}")
     if "async_chunk" in raw:
         a = _mapping(source, "async_chunk", raw["async_chunk"])
         _check_keys(source, "async_chunk.", a, AsyncChunk)

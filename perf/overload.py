@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from client.speech_api.process import ShimProcess  # noqa: E402
 from client.triton_process import TritonProcess  # noqa: E402
@@ -122,7 +123,14 @@ def grpc_stream(url: str, variant: Variant, text: str | None, hang_up: bool, bou
         inputs[1].set_data_from_numpy(np.array([json.dumps(variant.params_dict).encode()], dtype=np.object_))
     audio = []
     try:
-        client.async_stream_infer(variant.model, inputs, enable_empty_final_response=True)
+        try:
+            client.async_stream_infer(variant.model, inputs, enable_empty_final_response=True)
+        except InferenceServerException:
+            # the stream broke before the request went out (a server that is restarting): the
+            # reason, with its gRPC status, went to the callback
+            result, error = responses.get(timeout=5)
+            out.end = coded(error.message(), str(error.status()))
+            return b""
         deadline = out.start + bound_s
         while True:
             try:
@@ -131,7 +139,7 @@ def grpc_stream(url: str, variant: Variant, text: str | None, hang_up: bool, bou
                 out.end = "wedged"
                 return b""
             if error is not None:   # coded as our gRPC client codes Triton's own messages
-                out.end = coded(error.message())
+                out.end = coded(error.message(), str(error.status()))
                 return b""
             chunk = result.as_numpy("AUDIO")
             if chunk is not None and chunk.size:

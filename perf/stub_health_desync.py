@@ -1,6 +1,7 @@
 """A batched stage's stub that is not scheduled for a second: does tritonserver survive it?
 
     .venv/bin/python perf/stub_health_desync.py [--when during|before] [--pause-s 3] [--frames 2000]
+                                                [--kill-unhealthy]
 
 Starts a plain tritonserver (no supervisor, so nothing heals) with only the tiny Qwen3-TTS codec
 (`qwen3_tts_tiny_random__code2wav` from the committed model_repository), records its answers to a
@@ -16,6 +17,9 @@ second that the stub's health thread ran; if not, that call fails with "Stub pro
 healthy" and the two sides' message queues are left one message apart. The script then makes 12
 more calls and prints what each got (equal to the recorded answer, different, or an error) and
 whether the server is still alive. Exit status 1 when the server died or an answer differed.
+`--kill-unhealthy` kills the stub as soon as the paused call is answered "not healthy" (before the
+stub runs again) and reloads the model, as the entry and the supervisor do
+(omni_backend/triton/unhealthy_stub.py): the server should then live and answer exactly.
 """
 from __future__ import annotations
 
@@ -34,19 +38,11 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 
-from client.triton_process import TritonProcess  # noqa: E402
+from client.triton_process import PlainTritonProcess  # noqa: E402
 from omni_backend.supervisor import stubs  # noqa: E402
-from omni_backend.triton import server_binary  # noqa: E402
 
 MODEL = "qwen3_tts_tiny_random__code2wav"
 GROUPS = 16   # the tiny checkpoint's code groups
-
-
-class PlainTriton(TritonProcess):
-    """tritonserver itself with the project's flags, without the supervisor: nothing heals."""
-
-    def command(self) -> list[str]:
-        return server_binary.command(self.args())
 
 
 def codes(seed: int, frames: int) -> np.ndarray:
@@ -66,9 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--when", choices=("during", "before"), default="during")
     ap.add_argument("--pause-s", type=float, default=3.0)
     ap.add_argument("--frames", type=int, default=2000, help="frames of the long decode paused in `during`")
+    ap.add_argument("--kill-unhealthy", action="store_true",
+                    help="kill the stub as soon as a call is answered 'not healthy' (before it runs again), "
+                         "then reload the model: what the entry does (omni_backend/triton/unhealthy_stage.py)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="omni-desync-"))
-    server = PlainTriton(ROOT / "model_repository", log_path=work / "tritonserver.log",
+    server = PlainTritonProcess(ROOT / "model_repository", log_path=work / "tritonserver.log",
                          extra_args=["--model-control-mode=explicit", f"--load-model={MODEL}"])
     server.start(timeout_s=180)
     proc = server.proc
@@ -99,8 +98,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.when == "during":
             time.sleep(0.3)   # the call is in the stub, decoding
             os.kill(stub.pid, signal.SIGSTOP)
-        time.sleep(args.pause_s)
-        os.kill(stub.pid, signal.SIGCONT)
+        paused_at = time.monotonic()
+        if args.kill_unhealthy:
+            caller.join(args.pause_s)
+            if "not healthy" in result.get("paused", ""):
+                os.kill(stub.pid, signal.SIGKILL)
+                client.unload_model(MODEL)   # as the supervisor reloads: unload, then load beside the old
+                deadline = time.monotonic() + 5.0
+                while client.is_model_ready(MODEL) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                client.load_model(MODEL)
+                print(f"killed stub {stub.pid} at the 'not healthy' answer; {MODEL} reloaded", flush=True)
+        if stubs.alive(stub):
+            time.sleep(max(0.0, args.pause_s - (time.monotonic() - paused_at)))
+            os.kill(stub.pid, signal.SIGCONT)
         resumed = time.monotonic()
         caller.join()
         print(f"the paused call: {result['paused']}", flush=True)

@@ -24,6 +24,7 @@ class Stub:
     model: str          # Triton model name (the folder above the version folder)
     model_file: str     # <repository>/<model>/<version>/model.py
     region: str | None  # its shared-memory region name
+    instance: str = ""  # Triton's model instance name (`<model>_<group>_<index>`), as its errors name it
 
 
 def _read(path: str) -> bytes:
@@ -51,7 +52,10 @@ def parse_stub(pid: int) -> Stub | None:
         return None
     model_file = Path(argv[1])
     region = argv[2] if argv[2].startswith(SHM_PREFIX) else None
-    return Stub(pid=pid, model=model_file.parent.parent.name, model_file=str(model_file), region=region)
+    # argv: model file, region, default and growth sizes, parent pid, libpython, IPC handle, instance
+    instance = argv[8] if len(argv) > 8 else ""
+    return Stub(pid=pid, model=model_file.parent.parent.name, model_file=str(model_file), region=region,
+                instance=instance)
 
 
 def stubs_of(server_pid: int) -> list[Stub]:
@@ -93,6 +97,18 @@ def cpu_seconds(pid: int) -> float:
     stat = _read(f"/proc/{pid}/stat").decode(errors="replace")
     fields = stat[stat.rfind(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS if len(fields) > 12 else 0.0
+
+
+def since_boot() -> float:
+    """Now on the clock of `started_at`: seconds since the host booted."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def started_at(stub: Stub) -> float | None:
+    """When the stub process started (`since_boot` seconds, to 1/CLK_TCK); None when it is gone."""
+    stat = _read(f"/proc/{stub.pid}/stat").decode(errors="replace")
+    fields = stat[stat.rfind(")") + 2:].split()
+    return int(fields[19]) / _TICKS if len(fields) > 19 else None
 
 
 _STATES = {"R": "running", "S": "sleeping", "D": "waiting on I/O", "T": "stopped", "t": "traced", "Z": "a zombie"}

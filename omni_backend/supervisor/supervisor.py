@@ -32,6 +32,7 @@ from omni_backend.supervisor import server_output, stubs
 from omni_backend.supervisor.options import SupervisorOptions
 from omni_backend.supervisor.triton_control import PingFailed, Pipeline, TritonControl
 from omni_backend.triton import server_binary, stub_process
+from omni_backend.triton.unhealthy_stub import kill_unhealthy_stub
 
 log = logging.getLogger("omni.supervisor")
 PR_SET_PDEATHSIG = 1
@@ -337,10 +338,20 @@ class Supervisor:
 
     async def _probe(self, state: PipelineState) -> None:
         loop = asyncio.get_running_loop()
+        called_at = stubs.since_boot()
         try:
             await self.control.ping(state.pipeline, self.opts.ping_timeout_secs)
             self._answered(state, await loop.run_in_executor(None, self.control.progress))
         except PingFailed as failure:
+            # Triton gave up on the entry's stub ("not healthy") and freed the ping: the stub
+            # must not run again to take it (omni_backend/triton/unhealthy_stub.py)
+            killed = kill_unhealthy_stub(str(failure), state.pipeline.name, called_at, self.proc.pid)
+            if killed and not state.healing:
+                log.error("%s: killed its stub %s, which Triton answered not healthy",
+                          state.pipeline.name, ", ".join(str(s.pid) for s in killed))
+                self._start_heal(state, PingFailed(f"unavailable: {state.pipeline.name}: its stub was not healthy",
+                                                   state.pipeline.name))
+                return
             work = await loop.run_in_executor(None, self.control.progress)
             if not state.healing and self._wedged(state, failure, work):
                 self._start_heal(state, failure)

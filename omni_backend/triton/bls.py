@@ -18,14 +18,28 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import PipelineError, error_code, with_code
+from omni_backend.supervisor.stubs import since_boot
 from omni_backend.triton.decoupled import bytes_tensor
 from omni_backend.triton.stage_liveness import StageLiveness
 from omni_backend.triton.stream_waits import drop_result
+from omni_backend.triton.unhealthy_stub import kill_unhealthy_stub
 
 
 class StageFailed(PipelineError):
     """An upstream stage answered with an error; its message keeps its own code. Triton's own
     failures (a dead stub, a model being reloaded) get one, naming the stage."""
+
+    @classmethod
+    def of(cls, response, model_name: str, called_at: float) -> "StageFailed":
+        """The error of a stage's answer to a call made at `called_at` (stubs.since_boot()). A stub
+        Triton gave up on as "not healthy" is killed first, before it runs again and takes the
+        call Triton has freed (omni_backend/triton/unhealthy_stub.py)."""
+        message = response.error().message()
+        killed = kill_unhealthy_stub(message, model_name, called_at)
+        if killed:
+            pb_utils.Logger.log_warn(f"{model_name}: killed stub {', '.join(str(s.pid) for s in killed)}: "
+                                     f"Triton answered a call to it with: {message}")
+        return cls(message, model_name)
 
     def __init__(self, message: str, model_name: str = ""):
         if with_code(message) != message:  # Triton's own text: code it and name the stage
@@ -57,16 +71,20 @@ def call_stage(model_name: str, inputs: list, outputs: list[str], request_id: st
     """One request to a non-decoupled (batched) stage, one answer (blocking; raises StageFailed)."""
     request = pb_utils.InferenceRequest(model_name=model_name, requested_output_names=outputs,
                                         request_id=request_id, inputs=inputs)
+    called_at = since_boot()
     response = request.exec()
     if response.has_error():
-        raise StageFailed(response.error().message(), model_name)
+        raise StageFailed.of(response, model_name, called_at)
     return _outputs(response, outputs)
 
 
 def cancel_stage_request(model_name: str, request_id: str) -> None:
     """Ask a stage to end the stream with this request id (blocking; run in a thread)."""
     inputs = [bytes_tensor("REQUEST_ID", request_id), bytes_tensor("CONTROL", "cancel")]
-    list(_start(model_name, inputs, [], f"{request_id}-cancel"))
+    called_at = since_boot()
+    for resp in _start(model_name, inputs, [], f"{request_id}-cancel"):
+        if resp.has_error():   # the stream is gone anyway; a stub Triton gave up on is not
+            StageFailed.of(resp, model_name, called_at)
 
 
 def append_stage_text(model_name: str, request_id: str, text: str, end: bool) -> None:
@@ -182,10 +200,11 @@ class StageStream:
 
 def _one_response(model_name: str, inputs: list, outputs: list[str], request_id: str):
     """A call to a stream stage answered with one response (raises StageFailed with Triton's error)."""
+    called_at = since_boot()
     responses = list(_start(model_name, inputs, outputs, request_id))
     for resp in responses:
         if resp.has_error():
-            raise StageFailed(resp.error().message(), model_name)
+            raise StageFailed.of(resp, model_name, called_at)
     return responses[0]
 
 

@@ -14,6 +14,7 @@ import sysconfig
 from pathlib import Path
 
 from omni_backend import glibc_heaps
+from omni_backend.deploy import PYTHON_BACKEND_THREADS
 from omni_backend.triton import server_malloc
 
 
@@ -96,6 +97,8 @@ def command(args: list[str]) -> list[str]:
         argv.append(f"--backend-directory={backend_directory()}")
     if not any(a.startswith(flag) for a in args for flag in _AUTO_COMPLETE_FLAGS):
         argv.append("--disable-auto-complete-config")
+    if not any(a.startswith("--backend-config=python,thread-pool-size=") for a in args):
+        argv.append(f"--backend-config=python,thread-pool-size={PYTHON_BACKEND_THREADS}")
     return argv + list(args)
 
 

@@ -35,6 +35,7 @@ def test_batch_invariant_defaults_to_the_device():
     ({"pipeline": "p", "colour": 1}, "colour"),
     ({"pipeline": "p", "entry": {"instances": 0}}, "entry.instances"),
     ({"pipeline": "p", "entry": {"max_stream": 3}}, "entry.max_stream"),
+    ({"pipeline": "p", "entry": {"bls_threads": 81}}, "entry.bls_threads"),   # the backend's pool, less 16
     ({"pipeline": "p", "async_chunk": {"chunk_frames": 0}}, "async_chunk.chunk_frames"),
     ({"pipeline": "p", "async_chunk": {"enabled": "yes"}}, "async_chunk.enabled"),
     ({"pipeline": "p", "async_chunk": {"left_context": 5}}, "async_chunk.left_context"),

@@ -28,3 +28,15 @@ def test_a_callers_backend_directory_is_kept(monkeypatch) -> None:
     monkeypatch.delenv("OMNI_TRITON_ALLOCATOR", raising=False)
     argv = server_binary.command(["--backend-directory=/b", "--model-repository=/r"])
     assert [a for a in argv if a.startswith("--backend-directory")] == ["--backend-directory=/b"]
+
+
+def test_the_python_backend_gets_more_threads_than_an_entry_can_hold_in_bls_calls(monkeypatch) -> None:
+    from omni_backend.deploy import MAX_BLS_THREADS, PYTHON_BACKEND_THREADS
+
+    monkeypatch.delenv("OMNI_TRITON_ALLOCATOR", raising=False)
+    argv = server_binary.command(["--model-repository=/r"])
+    assert argv.count(f"--backend-config=python,thread-pool-size={PYTHON_BACKEND_THREADS}") == 1
+    assert MAX_BLS_THREADS < PYTHON_BACKEND_THREADS
+    own = "--backend-config=python,thread-pool-size=200"
+    argv = server_binary.command(["--model-repository=/r", own])
+    assert [a for a in argv if "thread-pool-size" in a] == [own]

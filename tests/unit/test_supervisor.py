@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import mmap
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -52,29 +51,10 @@ def test_options_reject_what_they_do_not_know(argv, message):
         parse(argv)
 
 
-@pytest.fixture
-def fake_stub(tmp_path):
-    """A process whose command line looks like a Python-backend stub's (a program that waits)."""
-    exe = tmp_path / stubs.STUB_NAME
-    source = tmp_path / "stub.c"
-    source.write_text("#include <unistd.h>\nint main(void) { pause(); return 0; }\n")
-    if shutil.which("cc") is None or subprocess.run(["cc", str(source), "-o", str(exe)]).returncode:
-        pytest.skip("no C compiler to build a fake stub")
-    region = f"{stubs.SHM_PREFIX}{uuid.uuid4()}"
-    model_file = tmp_path / "repo" / "talker" / "1" / "model.py"
-    proc = subprocess.Popen([str(exe), str(model_file), region])
-    time.sleep(0.2)
-    try:
-        yield proc, model_file, region
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 def test_a_stub_is_read_from_its_command_line(fake_stub):
     proc, model_file, region = fake_stub
     stub = stubs.parse_stub(proc.pid)
-    assert stub == stubs.Stub(proc.pid, "talker", str(model_file), region)
+    assert stub == stubs.Stub(proc.pid, "talker", str(model_file), region, "talker_0_0")
     assert stubs.alive(stub) and not stubs.stopped(stub)
     assert stub in stubs.stubs_of(os.getpid())
     os.kill(proc.pid, signal.SIGSTOP)
@@ -256,3 +236,27 @@ def test_a_start_that_is_never_ready_is_killed_after_the_start_timeout_and_start
     hung = [m for m in messages if "is not ready 1 s after it started" in m]
     assert len(hung) == 1 + module.START_RETRIES
     assert "still loading: slow_model;" in hung[0]
+
+
+def test_an_entry_stub_its_ping_finds_not_healthy_is_killed_and_healed(fake_stub):
+    """Triton answered the ping "not healthy" and freed it: the entry's stub (here a fake named
+    `talker`) must not run again to take it (omni_backend/triton/unhealthy_stub.py)."""
+    proc, _, _ = fake_stub
+    os.kill(proc.pid, signal.SIGSTOP)   # the host does not run it
+
+    class Control:
+        async def ping(self, pipeline, timeout_s):
+            raise PingFailed("[StatusCode.INTERNAL] Stub process 'talker_0_0' is not healthy.", pipeline.name)
+
+        def progress(self):
+            return {}
+
+    sup = _supervisor()
+    sup.control = Control()
+    sup.proc = type("Server", (), {"pid": os.getpid()})()
+    state = PipelineState(Pipeline("talker", ["talker__stage"]), last_ok=time.monotonic())
+    healed: list[str] = []
+    sup._start_heal = lambda st, failure: healed.append(str(failure))
+    asyncio.run(sup._probe(state))
+    assert proc.wait(timeout=5) == -signal.SIGKILL
+    assert healed == ["unavailable: talker: its stub was not healthy"] and not state.pinging
