@@ -17,7 +17,8 @@ crash is a tritonserver restart by the supervisor (or a dead supervisor); a pipe
 heal. Every error must carry a stable code. Per run it prints requests, errors by code, wedges,
 mismatches, crashes, heals, the 2.51 async-execute race's log line ("Cannot remove future"), the
 answers "Stub process ... is not healthy" (`unhl`: a stub the host did not schedule for a second
-while tritonserver waited on it; perf/stub_health_desync.py), p50 / p95 time to first audio per
+while tritonserver waited on it, perf/stub_health_desync.py; those clients got, and those the
+entry or the supervisor got and killed the stub for), p50 / p95 time to first audio per
 interface, and the load average; exit status 1 when any run had a crash, a wedge, a mismatch, a
 heal or an uncoded error.
 """
@@ -336,7 +337,10 @@ def run_once(args, number: int) -> dict:
             "keyerrors": log.count("Cannot remove future"),
             # a stub declared unhealthy while alive: the 2.51 backend's queues then stand one
             # message apart (perf/stub_health_desync.py)
-            "unhealthy": sum("is not healthy" in x.end for x in o),
+            # answers seen by clients, plus those the entry or the supervisor got and acted on
+            # by killing the stub (omni_backend/triton/unhealthy_stub.py)
+            "unhealthy": sum("is not healthy" in x.end for x in o) + log.count("killed stub")
+            + log.count("which Triton answered not healthy"),
             "segv": log.count("Signal (11)") + log.count("lock_exception"),
             "ttfa_grpc_p50_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "grpc" and x.ttfa_s], 0.5),
             "ttfa_grpc_p95_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "grpc" and x.ttfa_s], 0.95),
