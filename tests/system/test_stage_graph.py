@@ -299,43 +299,60 @@ def test_a_stage_that_dies_under_more_streams_than_tritons_threads_ends_them_wit
     which also send the entry's responses. With Triton's 32 the entry could send nothing (its
     streams' errors, its answer to the supervisor's `abort`) and the supervisor restarted the
     whole server; with more threads than an entry's BLS calls (omni_backend/deploy.py) every
-    stream ends with `unavailable:` at once and only the pipeline is reloaded."""
+    stream ends with `unavailable:` at once and only the pipeline is reloaded. (A stub killed
+    while it holds the backend's shared-memory lock aborts tritonserver 2.51 itself, with
+    `lock_exception`: that shows nothing of the threads, so the kill is then made once more.)"""
     server = _started_toy_server(tmp_path / "toy_repo")
     n = 40
-    first_pid = server.server_pid
-    running = threading.Semaphore(0)
-    ended: list[tuple[float, str]] = []
 
-    def client(i: int) -> None:
-        try:
-            first = True
-            for _ in stream_parts(server.grpc_url, PIPELINE, f"stream {i} " + "a long text " * 300, {}, timeout_s=90):
-                if first:
-                    running.release()
-                    first = False
-            ended.append((time.monotonic(), "ok"))
-        except TritonStreamError as e:
-            ended.append((time.monotonic(), str(e)))
+    def kill_the_shaper_under_load() -> list[tuple[float, str]]:
+        running = threading.Semaphore(0)
+        ended: list[tuple[float, str]] = []
 
-    try:
+        def client(i: int) -> None:
+            try:
+                first = True
+                for _ in stream_parts(server.grpc_url, PIPELINE, f"stream {i} " + "a long text " * 300, {},
+                                      timeout_s=90):
+                    if first:
+                        running.release()
+                        first = False
+                ended.append((time.monotonic(), "ok"))
+            except TritonStreamError as e:
+                ended.append((time.monotonic(), str(e)))
+
         threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
         for t in threads:
             t.start()
         for _ in range(n):
             assert running.acquire(timeout=60), "not every stream began"
-        shaper = [s for s in stubs.stubs_of(server.server_pid) if s.model == f"{PIPELINE}__shaper"]
-        stubs.kill(shaper)
+        stubs.kill([s for s in stubs.stubs_of(server.server_pid) if s.model == f"{PIPELINE}__shaper"])
         killed_at = time.monotonic()
         for t in threads:
             t.join(90)
-        late = [(round(at - killed_at, 1), why[:120]) for at, why in ended
-                if not why.startswith("unavailable:") or at - killed_at > 5.0]
-        assert len(ended) == n and not late, late
-        deadline = time.monotonic() + 120
-        while not ("reloaded" in server.log_text() and _ready(server)):
-            assert time.monotonic() < deadline, server.log_text()[-3000:]
-            time.sleep(0.2)
-        assert server.server_pid == first_pid and "restarting tritonserver" not in server.log_text()
+        return [(at - killed_at, why) for at, why in ended]
+
+    try:
+        for attempt in range(2):
+            first_pid, log_start = server.server_pid, len(server.log_text())
+            ended = kill_the_shaper_under_load()
+            log = server.log_text()[log_start:]
+            if "lock_exception" in log and attempt == 0:
+                deadline = time.monotonic() + 120
+                while not (_ready(server) and server.server_pid not in (None, first_pid)):
+                    assert time.monotonic() < deadline, server.log_text()[-3000:]
+                    time.sleep(0.2)
+                continue
+            late = [(round(after, 1), why[:120]) for after, why in ended
+                    if not why.startswith("unavailable:") or after > 5.0]
+            assert len(ended) == n and not late, late
+            deadline = time.monotonic() + 120
+            while not ("reloaded" in server.log_text()[log_start:] and _ready(server)):
+                assert time.monotonic() < deadline, server.log_text()[-3000:]
+                time.sleep(0.2)
+            log = server.log_text()[log_start:]
+            assert server.server_pid == first_pid and "restarting tritonserver" not in log, log[-3000:]
+            break
         res = synthesize(server.grpc_url, PIPELINE, "the shaper is back", {})
         np.testing.assert_array_equal(np.concatenate(res.chunks), expected_audio("the shaper is back", 1.0))
     finally:
