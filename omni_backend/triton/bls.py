@@ -137,6 +137,7 @@ class StageStream:
         # future is done at once while its thread still waits for the stage's answer, and aclose()
         # must know when that call is over.
         self._starting = loop.run_in_executor(self.executor, self._open, loop)
+        self._starting.add_done_callback(drop_result)   # read below, or abandoned by a cancelled reader
         try:
             resp = await asyncio.shield(self._starting)
         finally:
