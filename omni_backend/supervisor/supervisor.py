@@ -343,12 +343,14 @@ class Supervisor:
             await self.control.ping(state.pipeline, self.opts.ping_timeout_secs)
             self._answered(state, await loop.run_in_executor(None, self.control.progress))
         except PingFailed as failure:
-            # Triton gave up on the entry's stub ("not healthy") and freed the ping: the stub
-            # must not run again to take it (omni_backend/triton/unhealthy_stub.py)
-            killed = kill_unhealthy_stub(str(failure), state.pipeline.name, called_at, self.proc.pid)
+            # Triton gave up on a stub ("not healthy": the entry's, or a stage's the entry relays)
+            # and freed the call: the stub must not run again to take it
+            # (omni_backend/triton/unhealthy_stub.py)
+            model = failure.model or state.pipeline.name
+            killed = kill_unhealthy_stub(str(failure), model, called_at, self.proc.pid)
             if killed and not state.healing:
-                log.error("%s: killed its stub %s, which Triton answered not healthy",
-                          state.pipeline.name, ", ".join(str(s.pid) for s in killed))
+                log.error("%s: killed the stub %s of %s, which Triton answered not healthy",
+                          state.pipeline.name, ", ".join(str(s.pid) for s in killed), model)
                 self._start_heal(state, PingFailed(f"unavailable: {state.pipeline.name}: its stub was not healthy",
                                                    state.pipeline.name))
                 return

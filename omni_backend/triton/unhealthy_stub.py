@@ -26,9 +26,9 @@ _NAMED = re.compile(r"Stub process '([^']+)' is not healthy")
 _UNNAMED = ("Stub process is not healthy", "Failed to obtain the health mutex")
 
 
-def unhealthy_instance(message: str, model_name: str) -> str | None:
-    """The instance a Triton error says is not healthy ("" for any instance of `model_name`),
-    or None when the message says nothing of the kind."""
+def unhealthy_instance(message: str) -> str | None:
+    """The instance a Triton error says is not healthy ("" when it names none: any instance of
+    the model called), or None when the message says nothing of the kind."""
     named = _NAMED.search(message)
     if named is not None:
         return named.group(1)
@@ -41,7 +41,7 @@ def kill_unhealthy_stub(message: str, model_name: str, called_at: float,
     `model_name`'s stubs under tritonserver (`server_pid`, by default this stub's parent) that
     started before the call was made (`called_at`, `stubs.since_boot()` seconds). Returns the stubs killed;
     none when the message is another error."""
-    instance = unhealthy_instance(message, model_name)
+    instance = unhealthy_instance(message)
     if instance is None:
         return []
     server = os.getppid() if server_pid is None else server_pid

@@ -22,7 +22,7 @@ from omni_backend.triton.unhealthy_stub import kill_unhealthy_stub, unhealthy_in
     ("", None),
 ])
 def test_the_instance_a_triton_error_calls_not_healthy(message, instance):
-    assert unhealthy_instance(message, "q__talker") == instance
+    assert unhealthy_instance(message) == instance
 
 
 def test_the_named_stub_is_killed_even_while_it_is_not_running(fake_stub):
