@@ -64,11 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=2000, help="frames of the long decode paused in `during`")
     ap.add_argument("--kill-unhealthy", action="store_true",
                     help="kill the stub as soon as a call is answered 'not healthy' (before it runs again), "
-                         "then reload the model: what the entry does (omni_backend/triton/unhealthy_stage.py)")
+                         "then reload the model: what the entry does (omni_backend/triton/unhealthy_stub.py)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="omni-desync-"))
     server = PlainTritonProcess(ROOT / "model_repository", log_path=work / "tritonserver.log",
-                         extra_args=["--model-control-mode=explicit", f"--load-model={MODEL}"])
+                                extra_args=["--model-control-mode=explicit", f"--load-model={MODEL}"])
     server.start(timeout_s=180)
     proc = server.proc
     client = grpcclient.InferenceServerClient(server.grpc_url)

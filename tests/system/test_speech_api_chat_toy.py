@@ -8,8 +8,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import subprocess
-import sys
 import time
 
 import httpx
@@ -19,11 +17,10 @@ import pytest
 import soundfile as sf
 
 from tests.system.speech_api_fixtures import served_stack
-from tests.system.speech_api_helpers import ROOT, decode, metric, sse_events, wait_for
-from tests.toy_family import expected_audio, text_pieces
+from tests.system.speech_api_helpers import decode, metric, sse_events, wait_for
+from tests.toy_family import PIPELINE, build_repository, expected_audio, text_pieces
 
 pytestmark = pytest.mark.system
-PIPELINE = "toy_three_stage"
 TEXT = "Hello from the toy chat. It answers with what it was told."
 USER = [{"role": "user", "content": TEXT}]
 QUANTUM = 2.0 / 32767   # s16 encoding (x 32767) decoded as x / 32768
@@ -34,10 +31,7 @@ def stack(tmp_path_factory):
     """The toy pipeline built into a repository whose catalog says `chat`, a tritonserver on it
     and a speech API in front."""
     base = tmp_path_factory.mktemp("toy_chat")
-    repo = base / "model_repository"
-    subprocess.run([sys.executable, "-m", "ensemble_builder", "build", "--family", "tests.toy_family.family",
-                    "--pipeline", PIPELINE, "--deploy", str(ROOT / "tests/toy_family/toy_three_stage.yaml"),
-                    "--out", str(repo)], check=True, cwd=ROOT, capture_output=True)
+    repo = build_repository(base / "model_repository")
     config = repo / PIPELINE / "config.pbtxt"
     text = config.read_text()
     assert '{\\"clones_voices\\":false,' in text

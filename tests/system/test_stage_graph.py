@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import queue
 import re
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -24,11 +22,10 @@ from omni_backend.supervisor import stubs
 from omni_backend.supervisor.options import SupervisorOptions
 from omni_backend.triton.stub_process import STALL_REPORT_S
 from tests.metrics_scrape import metric
-from tests.toy_family import audio_of, expected_audio, frames_of, text_pieces
+from tests.toy_family import PIPELINE, audio_of, build_repository, expected_audio, frames_of, text_pieces
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINE = "toy_three_stage"
 SHARED = ("omni_backend/triton", "omni_backend/engine", "ensemble_builder", "omni_backend/families.py",
           "omni_backend/pipeline.py")
 
@@ -53,10 +50,7 @@ def test_shared_layers_name_no_model_family():
 
 def _started_toy_server(repo: Path) -> TritonProcess:
     """The toy family built into `repo` and served by a supervised tritonserver."""
-    subprocess.run([sys.executable, "-m", "ensemble_builder", "build", "--family", "tests.toy_family.family",
-                    "--pipeline", PIPELINE, "--deploy", str(ROOT / "tests/toy_family/toy_three_stage.yaml"),
-                    "--out", str(repo)], check=True, cwd=ROOT, capture_output=True)
-    server = TritonProcess(repo, log_path=repo / "tritonserver.log")
+    server = TritonProcess(build_repository(repo), log_path=repo / "tritonserver.log")
     server.start()
     return server
 

@@ -39,14 +39,11 @@ def test_a_stage_stub_answered_not_healthy_is_killed_before_it_runs_again(tmp_pa
     from client.triton_process import PlainTritonProcess
     from client.triton_stream import TritonStreamError, synthesize
     from omni_backend.supervisor import stubs
-    from tests.toy_family import expected_audio
+    from tests.toy_family import PIPELINE as pipeline
+    from tests.toy_family import build_repository, expected_audio
 
-    pipeline, writer = "toy_three_stage", "toy_three_stage__writer"
-    repo = tmp_path / "repo"
-    subprocess.run([sys.executable, "-m", "ensemble_builder", "build", "--family", "tests.toy_family.family",
-                    "--pipeline", pipeline, "--deploy", str(ROOT / "tests/toy_family/toy_three_stage.yaml"),
-                    "--out", str(repo)], check=True, cwd=ROOT, capture_output=True)
-    server = PlainTritonProcess(repo, log_path=tmp_path / "tritonserver.log",
+    writer = f"{pipeline}__writer"
+    server = PlainTritonProcess(build_repository(tmp_path / "repo"), log_path=tmp_path / "tritonserver.log",
                                 extra_args=["--model-control-mode=explicit", "--load-model=*"])
     server.start()
     ours: list[stubs.Stub] = []

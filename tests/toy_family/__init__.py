@@ -9,6 +9,10 @@ audio. The expected audio is `expected_audio` below;
 """
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 
 PIECE = 3   # code points per writer response
@@ -32,3 +36,15 @@ def expected_audio(text: str, gain: float) -> np.ndarray:
     tokens = np.array([ord(c) for c in text], dtype=np.int64)
     return np.concatenate([audio_of(frames_of(tokens[i:i + PIECE]), gain)
                            for i in range(0, len(tokens), PIECE)])
+
+
+PIPELINE = "toy_three_stage"
+
+
+def build_repository(repo: Path) -> Path:
+    """The toy pipeline built by the real builder into the model repository `repo`."""
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-m", "ensemble_builder", "build", "--family", "tests.toy_family.family",
+                    "--pipeline", PIPELINE, "--deploy", str(root / "tests/toy_family/toy_three_stage.yaml"),
+                    "--out", str(repo)], check=True, cwd=root, capture_output=True)
+    return repo
