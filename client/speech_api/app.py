@@ -23,7 +23,7 @@ from client.speech_api.errors import ApiError, invalid_request, not_found
 from client.speech_api.pool import TritonPool
 from client.speech_api.routes import STATIC_DIR, router
 from client.speech_api.voices import VoiceRegistry, default_voices_dir
-from omni_backend.glibc_heaps import release_free_memory_every
+from omni_backend.glibc_heaps import freeze_loaded_objects, release_free_memory_every
 
 log = logging.getLogger("omni.speech_api")
 EXPOSED_HEADERS = ["x-request-id", "retry-after", "retry-after-ms", "x-omni-model", "x-omni-ttfa-ms",
@@ -57,6 +57,7 @@ def create_app(config: ShimConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await shim.pool.start()
+        freeze_loaded_objects()   # the periodic full collection skips what start-up loaded
         trimming = asyncio.ensure_future(release_free_memory_every())
         log.info("speech API over %s; models: %s; API keys %s", ", ".join(config.tritons),
                  ", ".join(shim.catalog.model_names()) or "none yet",

@@ -31,7 +31,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import PipelineError
 from omni_backend.families import built_model
-from omni_backend.glibc_heaps import release_free_memory_in_background
+from omni_backend.glibc_heaps import freeze_loaded_objects, release_free_memory_in_background
 from omni_backend.triton import stub_process
 
 Inputs = dict[str, np.ndarray]
@@ -55,6 +55,7 @@ class BatchedStage:
         self._pending: queue.SimpleQueue = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._serve, name=f"{self.model_name}-batches", daemon=True)
         self._worker.start()
+        freeze_loaded_objects()   # the periodic full collection skips what start-up loaded
 
     def load(self) -> None:
         """Load weights; override."""

@@ -32,7 +32,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import Cancelled, InvalidRequest, PipelineError, Unavailable
-from omni_backend.glibc_heaps import release_free_memory_in_background
+from omni_backend.glibc_heaps import freeze_loaded_objects, release_free_memory_in_background
 from omni_backend.triton import stub_process
 from omni_backend.triton.response_thread import ResponseThread
 from omni_backend.triton.stream_waits import watched
@@ -138,6 +138,7 @@ class DecoupledModel:
         self.responses = ResponseThread(self.model_name, pb_utils.Logger.log_warn)
         stub_process.start_heartbeat(self.loop, self.responses.stalled_for)
         self.setup()
+        freeze_loaded_objects()   # the periodic full collection skips what start-up loaded
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
