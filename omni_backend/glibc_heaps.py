@@ -17,6 +17,11 @@ LARGE_BUFFER_BYTES = 4 << 20
 MALLOC_HEAPS = 2
 _M_MMAP_THRESHOLD = -3      # glibc's mallopt parameter numbers (malloc.h)
 _M_ARENA_MAX = -8
+# No per-thread cache of freed small chunks in tritonserver and its stubs: tritonserver runs 96
+# Python-backend threads per model instance, and each one that ever ran a task kept its own cached
+# chunks, pinning heap pages (perf/RESULTS.md: +12.7 % over a 30-minute soak with it, see there
+# for the figure without). glibc offers no mallopt for it, so it is a start-up tunable only.
+THREAD_CACHE_CHUNKS = 0
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -106,7 +111,8 @@ def release_free_memory_in_background(seconds: float = TRIM_INTERVAL_S) -> None:
 def tunables(env: dict[str, str]) -> str:
     """`GLIBC_TUNABLES` for tritonserver and the stubs it starts, from their first allocation
     (tritonserver cannot call mallopt itself; on `OMNI_TRITON_ALLOCATOR=jemalloc` only the stubs
-    read them): the same bounds as `bound_malloc_retention`; settings already in `env` win.
+    read them): the same bounds as `bound_malloc_retention`, and no per-thread chunk cache;
+    settings already in `env` win.
     tritonserver's free pages are not given back (`malloc_trim`) as the stubs' are: a preloaded
     thread that did it every 20 s crashed it under overload (SIGSEGV in the Python backend's
     execute path, 2 of 3 runs against 0 of 3 without, perf/RESULTS.md), most likely a read of memory
@@ -115,6 +121,7 @@ def tunables(env: dict[str, str]) -> str:
     2 heaps: warm-up 30 -> 12 KB, later rounds +16.6, +8.8, -4.1, +6.7 -> +1.7, +4.9, -0.4, +0.2 KB."""
     given = env.get("GLIBC_TUNABLES", "")
     names = {item.split("=", 1)[0] for item in given.split(":") if item}
-    ours = [f"glibc.malloc.{k}={v}" for k, v in (("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES))
+    ours = [f"glibc.malloc.{k}={v}" for k, v in (("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
+                                                 ("tcache_count", THREAD_CACHE_CHUNKS))
             if f"glibc.malloc.{k}" not in names]
     return ":".join([*(x for x in given.split(":") if x), *ours])

@@ -16,12 +16,13 @@ def test_the_server_environment_bounds_glibc_heaps() -> None:
     tunables = server_binary.server_env()["GLIBC_TUNABLES"].split(":")
     assert f"glibc.malloc.arena_max={glibc_heaps.MALLOC_HEAPS}" in tunables
     assert f"glibc.malloc.mmap_threshold={glibc_heaps.LARGE_BUFFER_BYTES}" in tunables
+    assert f"glibc.malloc.tcache_count={glibc_heaps.THREAD_CACHE_CHUNKS}" in tunables
 
 
 def test_a_users_own_tunables_win_and_are_kept() -> None:
-    given = "glibc.malloc.arena_max=8:glibc.pthread.rseq=0"
+    given = "glibc.malloc.arena_max=8:glibc.pthread.rseq=0:glibc.malloc.tcache_count=7"
     out = glibc_heaps.tunables({"GLIBC_TUNABLES": given}).split(":")
-    assert out == ["glibc.malloc.arena_max=8", "glibc.pthread.rseq=0",
+    assert out == ["glibc.malloc.arena_max=8", "glibc.pthread.rseq=0", "glibc.malloc.tcache_count=7",
                    f"glibc.malloc.mmap_threshold={glibc_heaps.LARGE_BUFFER_BYTES}"]
 
 
@@ -34,3 +35,4 @@ def test_a_child_started_with_them_reads_them() -> None:
               for name, _, value in (line.partition(":") for line in shown.stdout.splitlines())}
     assert values["glibc.malloc.arena_max"] == hex(glibc_heaps.MALLOC_HEAPS)
     assert values["glibc.malloc.mmap_threshold"] == hex(glibc_heaps.LARGE_BUFFER_BYTES)
+    assert values["glibc.malloc.tcache_count"] == hex(glibc_heaps.THREAD_CACHE_CHUNKS)
