@@ -21,6 +21,9 @@ class SupervisorOptions:
     probe_interval_secs: float = 1.0    # how often every pipeline is pinged
     ping_timeout_secs: float = 3.0
     stalled_secs: float = 20.0          # a stub whose heartbeat is this old is stuck: reloaded
+    # sooner, a stub whose heartbeat is this old while none of its threads ran or waited for a CPU
+    # and the host was not starved (supervisor.py `_blocked`)
+    frozen_secs: float = 3.0
     unresponsive_secs: float = 120.0    # pings unanswered this long while the pipeline does nothing
     # a start that is not ready this long after it began: its loading stubs' stacks are logged,
     # and it is killed and started again (a stub can hang in its start-up on a starved host)

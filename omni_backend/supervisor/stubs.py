@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from omni_backend.triton import stub_process
+
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
 STUB_NAME = "triton_python_backend_stub"
@@ -99,6 +101,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS if len(fields) > 12 else 0.0
 
 
+def cpu_demand_s(pid: int) -> float | None:
+    """Seconds the process's threads have run plus waited to run (the first two fields of each
+    thread's /proc/<pid>/task/<tid>/schedstat, in ns): it grows while any thread uses or wants a
+    CPU, and stands still while every thread is blocked. None when it cannot be read."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    read = 0
+    for tid in tids:
+        fields = _read(f"/proc/{pid}/task/{tid}/schedstat").split()
+        if len(fields) >= 2:
+            total += int(fields[0]) + int(fields[1])
+            read += 1
+    return total / 1e9 if read else None
+
+
 def since_boot() -> float:
     """Now on the clock of `started_at`: seconds since the host booted."""
     return time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -134,6 +154,18 @@ def heartbeat_age(folder: str, stub: Stub) -> float | None:
         return max(0.0, time.time() - os.stat(os.path.join(folder, str(stub.pid))).st_mtime)
     except OSError:
         return None
+
+
+def responses_stalled(folder: str, stub: Stub, beat_age: float) -> bool:
+    """Whether the stub's loop ran after its last heartbeat but withheld it because its responses
+    stopped leaving (stub_process.RESPONSES_STALLED_SUFFIX)."""
+    if not folder:
+        return False
+    try:
+        marked = os.stat(os.path.join(folder, f"{stub.pid}{stub_process.RESPONSES_STALLED_SUFFIX}")).st_mtime
+    except OSError:
+        return False
+    return time.time() - marked < beat_age
 
 
 def alive(stub: Stub) -> bool:

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from omni_backend.supervisor import server_output, stubs
+from omni_backend.supervisor.cpu_pressure import CpuPressure
 from omni_backend.supervisor.options import SupervisorOptions
 from omni_backend.supervisor.triton_control import PingFailed, Pipeline, TritonControl
 from omni_backend.triton import server_binary, stub_process
@@ -42,6 +43,16 @@ SLOW_BEAT_S = 2.0    # a heartbeat older than this is logged (how starved the st
 # starved host every beat is late, unevenly (seen: 111 s beside a freshest of 25 s), and a
 # reload there only adds work.
 FRESH_BEAT_S = 5.0
+# The quicker rule (`_blocked`, after `frozen_secs`) asks more of the others: a beat this recent.
+PROMPT_BEAT_S = 1.0
+# A late stub's threads are sampled from when its beat is this old (`_blocked`'s window).
+LATE_BEAT_S = 1.0
+# Blocked: its threads ran and waited for a CPU less than this share of the window (a blocked
+# stub's helper threads wake a few times a second for microseconds).
+BLOCKED_DEMAND_SHARE = 0.05
+# A stub found stuck writes its threads' stacks to the log (stub_process.STACKS_SIGNAL) this long
+# before it is killed.
+STACKS_BEFORE_KILL_S = 0.2
 # A reloaded pipeline's old stubs normally finish unloading within a second or two. A stage whose
 # streams belonged to an entry that was killed never does in 2.51 (nobody takes its responses):
 # one was seen alive 25 minutes after its pipeline's reload, keeping its memory.
@@ -97,6 +108,9 @@ class Supervisor:
         self.repository = os.path.realpath(opts.flag("model-repository") or opts.flag("model-store") or ".")
         self.heartbeats = ""   # the folder stubs beat in (stub_process.start_heartbeat), made by run()
         self.starved = False   # every stub's heartbeat was old at the last check
+        self.pressure = CpuPressure()
+        self.late: dict[int, tuple[float, float | None]] = {}   # pid -> (since, CPU demand then)
+        self.stuck: set[int] = set()   # stubs found stuck by the stub check: killed, not asked
         self.crashed = False   # the running server said it crashed (server_output): it is being ended
 
     # -- lifecycle
@@ -160,6 +174,7 @@ class Supervisor:
         """Start tritonserver, watch it until it exits or a stop is asked; (exit code, was ready)."""
         for beat in os.listdir(self.heartbeats):   # a new server: its stubs beat anew
             os.unlink(os.path.join(self.heartbeats, beat))
+        self.late, self.stuck = {}, set()
         argv = server_binary.command(self.opts.server_args)
         env = {**server_binary.server_env(), stub_process.HEARTBEAT_ENV: self.heartbeats}
         self.server_started = time.time()
@@ -294,10 +309,13 @@ class Supervisor:
         A heartbeat is stuck only next to others that beat on time (FRESH_BEAT_S): when every
         stub's beat is late, the host is starved (all stubs were seen 33 s behind together, and
         111 s beside a freshest 25 s, under overload), and reloading would only add work."""
+        now = time.monotonic()
+        self.pressure.sample(now)
         watched = [(state, stub, stubs.heartbeat_age(self.heartbeats, stub))
                    for state in self.states.values() if not state.healing for stub in state.stubs]
         ages = [age for _, _, age in watched if age is not None]
         freshest = min(ages, default=0.0)
+        self._note_late(watched, now)
         if freshest > self.opts.stalled_secs and not self.starved:
             log.warning("every stub's heartbeat is at least %.1f s old: the host is starved, not a stage", freshest)
         self.starved = freshest > self.opts.stalled_secs
@@ -312,6 +330,10 @@ class Supervisor:
                 why = "is stopped"
             elif age is not None and age > self.opts.stalled_secs and freshest <= FRESH_BEAT_S:
                 why = f"has not run its event loop for {age:.1f} s (others beat {freshest:.1f} s ago)"
+            elif age is not None and age > self.opts.frozen_secs and freshest <= PROMPT_BEAT_S \
+                    and (blocked := self._blocked(stub, age, now)):
+                why = f"has not run its event loop for {age:.1f} s, {blocked}"
+                self._found_stuck(stub)
             else:
                 if age is not None and age > slowest[0]:
                     slowest = (age, f"{stub.model} (pid {stub.pid})")
@@ -321,6 +343,43 @@ class Supervisor:
             failed.add(state.pipeline.name)
         if slowest[0] > SLOW_BEAT_S:   # how starved the stubs are, one line a tick
             log.warning("slowest heartbeat: %s, %.1f s old (freshest %.1f s)", slowest[1], slowest[0], freshest)
+
+    def _note_late(self, watched: list, now: float) -> None:
+        """Sample the CPU demand of each stub whose beat just went late (`_blocked`'s baseline)."""
+        late = {}
+        for _, stub, age in watched:
+            if age is not None and age > LATE_BEAT_S:
+                late[stub.pid] = self.late.get(stub.pid) or (now, stubs.cpu_demand_s(stub.pid))
+        self.late = late
+
+    def _blocked(self, stub: stubs.Stub, age: float, now: float) -> str | None:
+        """Why a stub whose loop has not run for `age` s is stuck already, or None. Blocked: none
+        of its threads ran or waited for a CPU since its beat went late (a deadlock, a loop blocked
+        on a lock or a call that never returns), while the host had CPU to spare. A starved stub
+        waits for a CPU; a busy one (a long computation on its loop, a thread spinning with the
+        GIL) uses one; a stub waiting on a starved tritonserver sleeps, but the host is starved:
+        all of those are left to the `stalled_secs` rule. So is a loop that runs while its
+        responses do not leave (they can wait on a busy tritonserver)."""
+        since, demand0 = self.late.get(stub.pid, (now, None))
+        window = now - since
+        if demand0 is None or window < self.opts.frozen_secs - LATE_BEAT_S - TICK_S:
+            return None
+        if stubs.responses_stalled(self.heartbeats, stub, age) or self.pressure.starved(now - age):
+            return None
+        demand = stubs.cpu_demand_s(stub.pid)
+        if demand is None or demand - demand0 > BLOCKED_DEMAND_SHARE * window:
+            return None
+        return (f"and none of its threads ran or waited for a CPU in the last {window:.1f} s "
+                f"({(demand - demand0) * 1000:.0f} ms), with CPU to spare")
+
+    def _found_stuck(self, stub: stubs.Stub) -> None:
+        """A stub found stuck writes its threads' stacks to the log (from faulthandler's C handler:
+        no GIL needed), and is killed rather than asked to end its streams."""
+        self.stuck.add(stub.pid)
+        try:
+            os.kill(stub.pid, stub_process.STACKS_SIGNAL)
+        except ProcessLookupError:
+            pass
 
     def _start_heal(self, state: PipelineState, failure: PingFailed) -> None:
         if self.opts.heal and not self.stop_requested.is_set():
@@ -397,6 +456,7 @@ class Supervisor:
             if failure.model and failure.model != p.name:
                 # a stage that does not answer but still runs (stopped, wedged) would never
                 # unload: it goes now. The entry is asked to end its streams first.
+                await self._stacks_written(failure.model)
                 stubs.kill([s for s in stubs.stubs_of(self.proc.pid) if s.model == failure.model])
             if not await self._end_streams(p, why) and await self._restart_for_lost_streams(p, failed):
                 return
@@ -438,6 +498,11 @@ class Supervisor:
                         name, len(left), OLD_STUB_GRACE_S, ", ".join(f"{s.model} (pid {s.pid})" for s in left))
             stubs.kill(left)
 
+    async def _stacks_written(self, model: str) -> None:
+        """Give a stub found stuck (`_found_stuck`) a moment to write its stacks before it is killed."""
+        if any(s.pid in self.stuck for s in stubs.stubs_of(self.proc.pid) if s.model == model):
+            await asyncio.sleep(STACKS_BEFORE_KILL_S)
+
     async def _end_streams(self, p: Pipeline, why: str) -> bool:
         """Ask the entry to end its open streams with `unavailable: ...`: they hold the entry
         (Triton finalizes a model only after its last stream), and the ones waiting on a dead
@@ -446,8 +511,10 @@ class Supervisor:
         t0 = time.monotonic()
         for attempt in range(3):
             entry = [s for s in stubs.stubs_of(self.proc.pid) if s.model == p.name]
-            if not entry or any(stubs.stopped(s) for s in entry):
-                stubs.kill(entry)   # a stopped stub answers nothing, and killing it loses no more
+            if not entry or any(stubs.stopped(s) or s.pid in self.stuck for s in entry):
+                # a stopped or stuck stub answers nothing, and killing it loses no more
+                await self._stacks_written(p.name)
+                stubs.kill(entry)
                 return False
             try:
                 await self.control.abort(p, why, timeout_s=10.0)

@@ -20,7 +20,9 @@ file `<dir>/<pid>` twice a second from its event loop (or a thread, for a model 
 ping through Triton waits in the model's queue behind every request and so cannot tell a stuck
 stub from an overloaded one; a heartbeat that stops while the process lives can. The beat also
 stops while the stub's responses have waited STALL_REPORT_S with none leaving (`stalled`, the
-response thread's): a loop that ticks while nothing reaches a client is stuck too. Either stall
+response thread's): a loop that ticks while nothing reaches a client is stuck too (it then
+touches `<pid>.responses-stalled` instead, so that the supervisor knows the loop itself runs and
+waits longer: a response can wait on a busy tritonserver). Either stall
 also has every thread's stack written to the stub's stderr (the server log) once: what held it is
 then on record, whether or not it recovers. A stalled loop's stacks come from faulthandler's
 watchdog (a C thread, re-armed by every tick; its report starts `Timeout (0:00:10)!`): a Python
@@ -90,6 +92,8 @@ def dump_stacks_on_signal() -> None:
 HEARTBEAT_ENV = "OMNI_HEARTBEAT_DIR"
 HEARTBEAT_S = 0.5
 STALL_REPORT_S = 10.0   # well under the supervisor's stalled_secs (20 s), over a busy host's hiccups
+# beside `<pid>`: touched instead of it while the loop ticks but its responses have stalled
+RESPONSES_STALLED_SUFFIX = ".responses-stalled"
 
 
 def _beat(path: Path) -> None:
@@ -107,6 +111,7 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
     if not folder:
         return
     path = Path(folder) / str(os.getpid())
+    responses_path = Path(folder) / f"{os.getpid()}{RESPONSES_STALLED_SUFFIX}"
     _beat(path)
     if loop is not None:
         global _watching_loop
@@ -118,6 +123,8 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
                 faulthandler.dump_traceback_later(STALL_REPORT_S, file=sys.stderr)
             if responses_stalled() < STALL_REPORT_S:
                 _beat(path)
+            else:   # the loop runs, its responses do not leave: the supervisor waits longer
+                _beat(responses_path)
             loop.call_later(HEARTBEAT_S, tick)
         loop.call_soon_threadsafe(tick)
         threading.Thread(target=_report_stalls, args=(loop, responses_stalled, STALL_REPORT_S),

@@ -279,6 +279,36 @@ def test_a_stage_whose_responses_stop_leaving_is_noticed_and_reloaded(tmp_path):
         server.stop()
 
 
+def test_a_stage_whose_event_loop_blocks_is_noticed_and_its_streams_end_within_5_s(tmp_path):
+    """The writer's event loop blocks for good (tests/toy_family: `block_loop_after`), as in a
+    deadlock: its heartbeat stops, none of its threads runs or waits for a CPU, and the host has
+    CPU to spare, so the supervisor does not wait `stalled_secs` (supervisor.py `_blocked`): the
+    stream ends with `unavailable:` naming the writer within 5 s of its last part, the writer's
+    stacks are in the log (the blocking call named), and the pipeline serves again, exactly."""
+    server = _started_toy_server(tmp_path / "toy_repo")
+    try:
+        writer = [s for s in stubs.stubs_of(server.server_pid) if s.model == f"{PIPELINE}__writer"]
+        assert len(writer) == 1
+        last_part = time.monotonic()
+        with pytest.raises(TritonStreamError, match=rf"^unavailable: .*{PIPELINE}__writer"):
+            for _ in stream_parts(server.grpc_url, PIPELINE, "a long text " * 40, {"block_loop_after": 2},
+                                  timeout_s=60):
+                last_part = time.monotonic()
+        ended_after = time.monotonic() - last_part
+        log = server.log_text()
+        assert ended_after < 5.0, log[-3000:]
+        assert "none of its threads ran or waited for a CPU" in log
+        assert re.search(r'toy_family/stages\.py", line \d+ in generate', log), log[-3000:]
+        deadline = time.monotonic() + 120
+        while not (not stubs.alive(writer[0]) and "reloaded" in server.log_text() and _ready(server)):
+            assert time.monotonic() < deadline, server.log_text()[-3000:]
+            time.sleep(0.2)
+        res = synthesize(server.grpc_url, PIPELINE, "the writer is back", {})
+        np.testing.assert_array_equal(np.concatenate(res.chunks), expected_audio("the writer is back", 1.0))
+    finally:
+        server.stop()
+
+
 def _ready(server: TritonProcess) -> bool:
     try:
         with urllib.request.urlopen(f"{server.http_url}/v2/health/ready", timeout=2) as r:

@@ -18,6 +18,9 @@ class ToyAdapter(TTSAdapter):
         Param("stall_responses_after", int, default=0, lo=0, hi=1000,
               help="test hook: the writer's response thread blocks for good after this many pieces"
                    " (0: never)"),
+        Param("block_loop_after", int, default=0, lo=0, hi=1000,
+              help="test hook: the writer's event loop blocks for good after this many pieces"
+                   " (0: never)"),
     )
 
     def skipped_stages(self, request: dict[str, Any]) -> frozenset[int]:

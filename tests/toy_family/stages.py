@@ -34,6 +34,8 @@ class Writer(StageModel):
                 raise InvalidRequest("fail_after", f"the writer failed as asked after {n} pieces")
             if n == request["stall_responses_after"] > 0:
                 self.responses.send(_StuckSender(), None, 0)
+            if n == request["block_loop_after"] > 0:
+                threading.Event().wait()   # blocks the stub's event loop, as a deadlock would
             yield [pb_utils.Tensor("TOKENS", tokens[i:i + PIECE]),
                    bytes_tensor("TEXT_DELTA", text[i:i + PIECE])]
 

@@ -7,12 +7,15 @@ import mmap
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 import pytest
 
 from omni_backend.supervisor import stubs
+from omni_backend.supervisor.cpu_pressure import CpuPressure
+from omni_backend.triton import stub_process
 from omni_backend.supervisor.options import UsageError, parse
 from omni_backend.supervisor.supervisor import PipelineState, Supervisor
 from omni_backend.supervisor.triton_control import PingFailed, Pipeline
@@ -145,6 +148,62 @@ def test_a_stub_that_exits_stops_or_stops_beating_is_healed_at_once(fake_stub, t
     finally:
         other_proc.kill()
         other_proc.wait()
+
+
+def _psi(path: Path, waited_us: int) -> None:
+    path.write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={waited_us}\n"
+                    "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+
+
+def test_cpu_pressure_is_the_share_of_a_window_some_task_waited(tmp_path):
+    psi = tmp_path / "cpu"
+    _psi(psi, 1_000_000)
+    pressure = CpuPressure(str(psi))
+    assert pressure.has_psi and pressure.waiting_share(0.0) is None and pressure.starved(0.0)
+    for t, waited_us in ((100.0, 1_000_000), (102.0, 1_200_000), (104.0, 3_200_000)):
+        _psi(psi, waited_us)
+        pressure.sample(t)
+    assert pressure.waiting_share(100.0) == pytest.approx(0.1 * 2 / 4 + 1.0 * 2 / 4)
+    assert pressure.waiting_share(101.0) == pytest.approx(0.55)   # from the sample before it
+    assert pressure.waiting_share(102.0) == pytest.approx(1.0) and pressure.starved(102.0)
+    without = CpuPressure(str(tmp_path / "absent"))
+    assert not without.has_psi
+    assert without.starved(0.0) == (os.getloadavg()[0] >= len(os.sched_getaffinity(0)))
+
+
+def test_a_late_stub_is_blocked_only_when_it_wanted_no_cpu_on_a_host_with_cpu_to_spare(fake_stub, tmp_path):
+    proc, _, _ = fake_stub
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        sup = _supervisor()
+        sup.heartbeats = str(tmp_path)
+        psi = tmp_path / "cpu"
+        _psi(psi, 0)
+        sup.pressure = CpuPressure(str(psi))
+        now = time.monotonic()
+        sup.pressure.sample(now - 3.5)
+        _psi(psi, 100_000)                      # some task waited 0.1 s of the last 3.5 s: quiet
+        sup.pressure.sample(now)
+        blocked, busy = stubs.parse_stub(proc.pid), stubs.Stub(spinner.pid, "m", "", None)
+        sup.late = {s.pid: (now - 2.5, stubs.cpu_demand_s(s.pid)) for s in (blocked, busy)}
+        time.sleep(0.5)
+        now = time.monotonic()
+        why = sup._blocked(blocked, 3.2, now)
+        assert why and "none of its threads ran or waited for a CPU" in why
+        assert sup._blocked(busy, 3.2, now) is None             # it runs: busy, or spinning
+        sup.late[blocked.pid] = (now - 1.0, sup.late[blocked.pid][1])
+        assert sup._blocked(blocked, 3.2, now) is None          # not watched long enough yet
+        sup.late[blocked.pid] = (now - 2.5, sup.late[blocked.pid][1])
+        marker = tmp_path / f"{proc.pid}{stub_process.RESPONSES_STALLED_SUFFIX}"
+        marker.touch()                                          # its loop runs; responses stalled
+        assert sup._blocked(blocked, 3.2, now) is None
+        marker.unlink()
+        _psi(psi, 3_000_000)                                    # the host starved: it may wait on it
+        sup.pressure.sample(now)
+        assert sup._blocked(blocked, 3.2, now) is None
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def test_heartbeat_age(tmp_path):
