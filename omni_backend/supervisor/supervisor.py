@@ -3,7 +3,8 @@ drain on SIGTERM, and leave no stub process or shared memory behind.
 
 Triton 2.51 neither restarts a decoupled model's dead stub nor reports it: requests fail with
 "Stub process ... is not healthy", open streams hang, and every readiness probe still says ready.
-So the supervisor watches every stub process (one that exited or was stopped is handled at once)
+So the supervisor watches every stub process (one that exited or was stopped is handled at once;
+one whose heartbeat stopped, after 3 s when it is blocked on a host with CPU to spare, else 20 s)
 and pings each pipeline's entry model once a second (`CONTROL=ping`; the entry asks each of its
 stages). A pipeline that stops answering is broken only when the silent model also stopped using
 CPU (`_wedged`): under overload pings wait behind real work, and reloading models under heavy
@@ -111,6 +112,7 @@ class Supervisor:
         self.pressure = CpuPressure()
         self.late: dict[int, tuple[float, float | None]] = {}   # pid -> (since, CPU demand then)
         self.stuck: set[int] = set()   # stubs found stuck by the stub check: killed, not asked
+        self.told_late: set[int] = set()   # late stubs whose reprieve was logged (`_not_blocked`)
         self.crashed = False   # the running server said it crashed (server_output): it is being ended
 
     # -- lifecycle
@@ -174,7 +176,7 @@ class Supervisor:
         """Start tritonserver, watch it until it exits or a stop is asked; (exit code, was ready)."""
         for beat in os.listdir(self.heartbeats):   # a new server: its stubs beat anew
             os.unlink(os.path.join(self.heartbeats, beat))
-        self.late, self.stuck = {}, set()
+        self.late, self.stuck, self.told_late = {}, set(), set()
         argv = server_binary.command(self.opts.server_args)
         env = {**server_binary.server_env(), stub_process.HEARTBEAT_ENV: self.heartbeats}
         self.server_started = time.time()
@@ -351,6 +353,7 @@ class Supervisor:
             if age is not None and age > LATE_BEAT_S:
                 late[stub.pid] = self.late.get(stub.pid) or (now, stubs.cpu_demand_s(stub.pid))
         self.late = late
+        self.told_late &= late.keys()
 
     def _blocked(self, stub: stubs.Stub, age: float, now: float) -> str | None:
         """Why a stub whose loop has not run for `age` s is stuck already, or None. Blocked: none
@@ -364,13 +367,26 @@ class Supervisor:
         window = now - since
         if demand0 is None or window < self.opts.frozen_secs - LATE_BEAT_S - TICK_S:
             return None
-        if stubs.responses_stalled(self.heartbeats, stub, age) or self.pressure.starved(now - age):
-            return None
+        if stubs.responses_stalled(self.heartbeats, stub, age):
+            return self._not_blocked(stub, age, "its loop runs but its responses do not leave")
+        if self.pressure.starved(now - age):
+            share = self.pressure.waiting_share(now - age)
+            return self._not_blocked(stub, age, "the host is starved" + (
+                "" if share is None else f" (some task waited for a CPU {share:.0%} of the time)"))
         demand = stubs.cpu_demand_s(stub.pid)
         if demand is None or demand - demand0 > BLOCKED_DEMAND_SHARE * window:
-            return None
+            return self._not_blocked(stub, age, "it ran or waited for a CPU" + (
+                "" if demand is None else f" ({demand - demand0:.2f} s in {window:.1f} s)"))
         return (f"and none of its threads ran or waited for a CPU in the last {window:.1f} s "
                 f"({(demand - demand0) * 1000:.0f} ms), with CPU to spare")
+
+    def _not_blocked(self, stub: stubs.Stub, age: float, why: str) -> None:
+        """Say once per late spell why a late stub is left to the `stalled_secs` rule."""
+        if stub.pid not in self.told_late:
+            self.told_late.add(stub.pid)
+            log.info("%s (pid %d) has not run its event loop for %.1f s, but %s: not stuck yet",
+                     stub.model, stub.pid, age, why)
+        return None
 
     def _found_stuck(self, stub: stubs.Stub) -> None:
         """A stub found stuck writes its threads' stacks to the log (from faulthandler's C handler:
