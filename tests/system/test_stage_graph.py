@@ -251,6 +251,22 @@ def test_a_failing_text_stage_ends_the_request_with_its_code_and_frees_every_sta
     assert [t.reshape(-1)[0].decode() for t in res.outputs["TEXT_DELTA"]] == text_pieces("still fine")
 
 
+def _stubs_of(server: TritonProcess, model: str) -> list[stubs.Stub]:
+    found = [s for s in stubs.stubs_of(server.server_pid) if s.model == model]
+    assert len(found) == 1
+    return found
+
+
+def _serves_again_without(server: TritonProcess, stuck: stubs.Stub) -> None:
+    """The stuck stub is gone, the pipeline reloaded and ready, and it answers exactly."""
+    deadline = time.monotonic() + 120
+    while not (not stubs.alive(stuck) and "reloaded" in server.log_text() and _ready(server)):
+        assert time.monotonic() < deadline, server.log_text()[-3000:]
+        time.sleep(0.2)
+    res = synthesize(server.grpc_url, PIPELINE, "the writer is back", {})
+    np.testing.assert_array_equal(np.concatenate(res.chunks), expected_audio("the writer is back", 1.0))
+
+
 def test_a_stage_whose_responses_stop_leaving_is_noticed_and_reloaded(tmp_path):
     """The writer's response thread blocks for good (tests/toy_family: `stall_responses_after`)
     while its event loop keeps running, so nothing it answers leaves. Its heartbeat stops once
@@ -261,20 +277,14 @@ def test_a_stage_whose_responses_stop_leaving_is_noticed_and_reloaded(tmp_path):
     nothing for seconds, supervisor.py `_wedged`.)"""
     server = _started_toy_server(tmp_path / "toy_repo")
     try:
-        writer = [s for s in stubs.stubs_of(server.server_pid) if s.model == f"{PIPELINE}__writer"]
-        assert len(writer) == 1
+        writer = _stubs_of(server, f"{PIPELINE}__writer")
         t0 = time.monotonic()
         with pytest.raises(TritonStreamError, match=rf"^unavailable: .*{PIPELINE}__writer"):
             for _ in stream_parts(server.grpc_url, PIPELINE, "a long text " * 40, {"stall_responses_after": 2},
                                   timeout_s=60):
                 pass
         assert time.monotonic() - t0 < STALL_REPORT_S + SupervisorOptions().stalled_secs + 10.0
-        deadline = time.monotonic() + 120
-        while not (not stubs.alive(writer[0]) and "reloaded" in server.log_text() and _ready(server)):
-            assert time.monotonic() < deadline, server.log_text()[-3000:]
-            time.sleep(0.2)
-        res = synthesize(server.grpc_url, PIPELINE, "the writer is back", {})
-        np.testing.assert_array_equal(np.concatenate(res.chunks), expected_audio("the writer is back", 1.0))
+        _serves_again_without(server, writer[0])
     finally:
         server.stop()
 
@@ -287,8 +297,7 @@ def test_a_stage_whose_event_loop_blocks_is_noticed_and_its_streams_end_within_5
     stacks are in the log (the blocking call named), and the pipeline serves again, exactly."""
     server = _started_toy_server(tmp_path / "toy_repo")
     try:
-        writer = [s for s in stubs.stubs_of(server.server_pid) if s.model == f"{PIPELINE}__writer"]
-        assert len(writer) == 1
+        writer = _stubs_of(server, f"{PIPELINE}__writer")
         last_part = time.monotonic()
         with pytest.raises(TritonStreamError, match=rf"^unavailable: .*{PIPELINE}__writer"):
             for _ in stream_parts(server.grpc_url, PIPELINE, "a long text " * 40, {"block_loop_after": 2},
@@ -299,12 +308,7 @@ def test_a_stage_whose_event_loop_blocks_is_noticed_and_its_streams_end_within_5
         assert ended_after < 5.0, log[-3000:]
         assert "none of its threads ran or waited for a CPU" in log
         assert re.search(r'toy_family/stages\.py", line \d+ in generate', log), log[-3000:]
-        deadline = time.monotonic() + 120
-        while not (not stubs.alive(writer[0]) and "reloaded" in server.log_text() and _ready(server)):
-            assert time.monotonic() < deadline, server.log_text()[-3000:]
-            time.sleep(0.2)
-        res = synthesize(server.grpc_url, PIPELINE, "the writer is back", {})
-        np.testing.assert_array_equal(np.concatenate(res.chunks), expected_audio("the writer is back", 1.0))
+        _serves_again_without(server, writer[0])
     finally:
         server.stop()
 
