@@ -57,6 +57,9 @@ class SupervisorOptions:
         return (self.flag("model-control-mode") or "").lower() == "explicit"
 
 
+MIN_FROZEN_SECS = 2.0
+
+
 class UsageError(ValueError):
     pass
 
@@ -97,6 +100,9 @@ def parse(argv: list[str]) -> SupervisorOptions:
             raw = args.pop(0)
         setattr(opts, name.replace("-", "_"), _value(name, raw, kinds[name]))
     opts.server_args = rest
+    if opts.frozen_secs < MIN_FROZEN_SECS:
+        # the supervisor samples a late stub's threads from 1 s on and needs a window after that
+        raise UsageError(f"--supervisor-frozen-secs: at least {MIN_FROZEN_SECS}, got {opts.frozen_secs}")
     if opts.flag("model-repository") is None and opts.flag("model-store") is None:
         raise UsageError("--model-repository is required")
     if opts.flag("model-control-mode") is None:

@@ -47,6 +47,7 @@ def test_options_keep_the_users_choices():
     (["--model-repository=/r", "--supervisor-drain-secs=0"], "must be > 0"),
     (["--model-repository=/r", "--supervisor-heal=maybe"], "expected true or false"),
     (["--model-repository=/r", "--supervisor-stalled-secs"], "needs a value"),
+    (["--model-repository=/r", "--supervisor-frozen-secs=1"], "--supervisor-frozen-secs: at least 2.0"),
     (["--http-port=1"], "--model-repository is required"),
 ])
 def test_options_reject_what_they_do_not_know(argv, message):
