@@ -390,7 +390,10 @@ class Supervisor:
 
     def _found_stuck(self, stub: stubs.Stub) -> None:
         """A stub found stuck writes its threads' stacks to the log (from faulthandler's C handler:
-        no GIL needed), and is killed rather than asked to end its streams."""
+        no GIL needed), once (with healing off it is found again at every check), and is killed
+        rather than asked to end its streams."""
+        if stub.pid in self.stuck:
+            return
         self.stuck.add(stub.pid)
         try:
             os.kill(stub.pid, stub_process.STACKS_SIGNAL)

@@ -172,7 +172,7 @@ def test_cpu_pressure_is_the_share_of_a_window_some_task_waited(tmp_path):
     assert without.starved(0.0) == (os.getloadavg()[0] >= len(os.sched_getaffinity(0)))
 
 
-def test_a_late_stub_is_blocked_only_when_it_wanted_no_cpu_on_a_host_with_cpu_to_spare(fake_stub, tmp_path):
+def test_a_late_stub_is_blocked_only_when_it_wanted_no_cpu_on_a_host_with_cpu_to_spare(fake_stub, tmp_path, monkeypatch):
     proc, _, _ = fake_stub
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -191,6 +191,12 @@ def test_a_late_stub_is_blocked_only_when_it_wanted_no_cpu_on_a_host_with_cpu_to
         now = time.monotonic()
         why = sup._blocked(blocked, 3.2, now)
         assert why and "none of its threads ran or waited for a CPU" in why
+        signals: list[int] = []
+        with monkeypatch.context() as m:
+            m.setattr(os, "kill", lambda pid, sig: signals.append(sig))
+            sup._found_stuck(blocked)
+            sup._found_stuck(blocked)                           # found again (healing off): once
+        assert signals == [stub_process.STACKS_SIGNAL] and blocked.pid in sup.stuck
         assert sup._blocked(busy, 3.2, now) is None             # it runs: busy, or spinning
         sup.late[blocked.pid] = (now - 1.0, sup.late[blocked.pid][1])
         assert sup._blocked(blocked, 3.2, now) is None          # not watched long enough yet
