@@ -7,6 +7,7 @@ interpreter once and pass it with --backend-directory. In the NGC container the 
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import sys
@@ -25,6 +26,20 @@ def _pytriton_root() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("nvidia-pytriton is not installed: run `make setup`")
     return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+
+
+def check_numpy() -> None:
+    """Refuse numpy >= 2 in the interpreter that runs the models: the 2.51 Python backend stub then
+    mis-reads every BYTES input tensor (`deserialize_bytes_tensor` reads a length of 0x08080808
+    from a 12-byte text) and aborts, so each request would kill the stage it reaches."""
+    try:
+        version = importlib.metadata.version("numpy")
+    except importlib.metadata.PackageNotFoundError:
+        return   # the models' own import fails, with its own message
+    if int(version.split(".")[0]) >= 2:
+        raise SystemExit(f"numpy {version} is installed for {sys.executable}: Triton 2.51's Python backend "
+                         "stub aborts on every text (BYTES) input under numpy 2; install numpy<2 "
+                         "(the project pins numpy==1.26.4)")
 
 
 def binary_path() -> Path:
@@ -91,6 +106,7 @@ def command(args: list[str]) -> list[str]:
     taking the stub's health mutex with no time-out: one more Python process per model in every
     start and reload, and one more place where a stub that dies holding that robust mutex aborts
     tritonserver with `boost::interprocess::lock_exception` (perf/RESULTS.md)."""
+    check_numpy()
     binary = str(binary_path())
     argv = [*server_malloc.preload_argv(binary), binary]
     if not any(a.startswith("--backend-directory") for a in args):

@@ -315,6 +315,7 @@ class CheckReport:
     eager_step: dict = dataclasses.field(default_factory=lambda: {1: float("nan"), 4: float("nan")})
     rows: list = dataclasses.field(default_factory=list)
     served_status: str = "not reached"
+    served_only: bool = False
     problems: list = dataclasses.field(default_factory=list)
 
     def markdown(self, total_s: float) -> str:
@@ -324,7 +325,8 @@ class CheckReport:
                  f"weights), {stamp}", "",
                  f"Machine: {self.gpu}, torch {torch.__version__}, python {platform.python_version()}, device "
                  f"{self.device}, AR dtype {self.dtype}, code2wav float32. Command: "
-                 f"`perf/gpu/check.sh{' --dry-run' if self.dry else ''}` ({total_s:.0f} s). {self.frames} frames per "
+                 f"`perf/gpu/check.sh{' --dry-run' if self.dry else ''}{' --served-only' if self.served_only else ''}` "
+                 f"({total_s:.0f} s). {self.frames} frames per "
                  "request (random weights never stop), chunk schedule 2 / 25 / 72, code2wav windows decoded in the "
                  "engine loop (serial, in-process).", "",
                  f"Parity (greedy and seeded sampling, graphs vs enforce_eager, {self.big}): "
@@ -343,6 +345,8 @@ class CheckReport:
                  f"c=4 {self.eager_step[4]:.2f} ms.", "",
                  "| c | TTFA p50 ms | TTFA p95 ms | RTF p50 | audio s/s | step ms (c frames) |",
                  "|---|---|---|---|---|---|"]
+        if self.served_only:  # only the header: the served table is appended by perf/bench.py
+            lines = lines[:4]
         for r in self.rows:
             lines.append(f"| {r['concurrency']} | {r['ttfa_p50_ms']:.1f} | {r['ttfa_p95_ms']:.1f} | "
                          f"{r['rtf_p50']:.3f} | {r['audio_s_per_s']:.1f} | {r['step_ms']:.2f} |")
@@ -366,8 +370,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
     ap.add_argument("--no-results", action="store_true", help="print only, do not append to RESULTS.md")
     ap.add_argument("--no-served", action="store_true")
+    ap.add_argument("--served-only", action="store_true",
+                    help="write the checkpoints and run only the served benchmark (steps 2-4 skipped)")
     ap.add_argument("--served-timeout", type=int, default=200)
     args = ap.parse_args(argv)
+    if args.served_only and (args.no_served or args.dry_run):
+        ap.error("--served-only runs nothing with --no-served or --dry-run")
 
     dry = args.dry_run
     device = args.device or ("cpu" if dry else "cuda")
@@ -378,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     small, big = ("tiny", "tiny2") if dry else ("0.6b", "1.7b")
     cuda = device.startswith("cuda")
     gpu = torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine()
-    report = CheckReport(dry, small, big, device, dtype, gpu, args.frames or (8 if dry else 100))
+    report = CheckReport(dry, small, big, device, dtype, gpu, args.frames or (8 if dry else 100),
+                         served_only=args.served_only)
     log(f"device {device} ({gpu}), torch {torch.__version__}, python {platform.python_version()}, dtype {dtype}")
     started = time.perf_counter()
     # check.sh's `timeout` sends SIGTERM: the report below still gets written, with what was measured
@@ -403,9 +412,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_checks(args: argparse.Namespace, report: CheckReport) -> None:
-    dry, device, dtype, small, big, frames = (report.dry, report.device, report.dtype, report.small, report.big,
-                                              report.frames)
-    problems = report.problems
+    dry, device, small, big, frames = report.dry, report.device, report.small, report.big, report.frames
     concurrency = [int(c) for c in (args.concurrency or ("1,2,4" if dry else "1,4,8,16,32,64")).split(",")]
     graph_sizes = sorted({1, 2, 4, 8, 16, 32, 64} | set(concurrency))
     schedule = CodecChunkSchedule(2, 25, 72)
@@ -419,90 +426,12 @@ def run_checks(args: argparse.Namespace, report: CheckReport) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        dirs = write_checkpoints(work, [small, big])
+        dirs = write_checkpoints(work, [big] if args.served_only else [small, big])
 
-        # 2. parity (1.7B shape): graphs vs enforce_eager, buckets 1, 2, 4 with c = 1, 3 (padded), 4,
-        # greedy and with seeded sampling (the in-graph noise)
-        log("parity: codes with CUDA graphs vs the same step eager")
-        try:
-            report.parity = greedy_graph_parity(dirs[big], device=device, dtype=dtype, concurrency=(1, 3, 4),
-                                                frames=min(frames, 24), cuda_graph_sizes=[1, 2, 4],
-                                                max_model_len=max_model_len, sample_concurrency=(3,))
-        except Exception as exc:  # report it and go on to the benchmarks
-            log(f"  parity check raised {type(exc).__name__}: {exc}")
-            problems.append(f"parity check raised {type(exc).__name__}: {exc}")
-        parity = report.parity
-        if device.startswith("cuda") and parity["graphs"] == 0:
-            problems.append("no CUDA graph was captured (capture failed: see the log; the engine ran eagerly)")
-        for level in parity["levels"]:
-            log(f"  c={level['concurrency']}{' sampled' if level.get('sample') else ''}: {level['frames']} frames, "
-                f"equal={level['equal']}"
-                + (f" (first mismatch: {level['first_mismatch']})" if level["first_mismatch"] else ""))
-        if parity["levels"] and not parity["ok"]:
-            problems.append("graph vs eager parity FAILED")
-        log(f"  capture + warm-up: {parity['capture_s']:.2f} s for {parity['graphs']} graphs")
-
-        # 3. memory (0.6B pipeline, max_num_seqs 16)
-        log(f"memory: {small} pipeline, max_num_seqs 16, 16 streams")
-        report.memory["max_model_len"] = max_model_len if dry else 2048
-        try:
-            report.memory = memory_check(dirs[small], device, dtype, frames, schedule,
-                                         max_model_len if dry else 2048, [1, 2, 4, 8, 16])
-        except Exception as exc:  # report it and go on to the benchmark
-            problems.append(f"memory check raised {type(exc).__name__}: {exc}")
-        gc.collect()
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
-        log("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in report.memory.items()))
-
-        # 4. in-process benchmark (1.7B)
-        log(f"in-process: {big}, c={concurrency}, {frames} frames per request")
-        started_load = time.perf_counter()
-        engine = create_engine(dirs[big], max_num_seqs=max(concurrency), max_model_len=max_model_len, dtype=dtype,
-                               device=device, cuda_graph_sizes=graph_sizes, max_prefills_per_step=max(concurrency),
-                               static_step=_static(device))
-        report.capture_s = time.perf_counter() - started_load
-        report.buckets = engine.runner.graphs.sizes if engine.runner.graphs is not None else []
-        decoder = Code2Wav.from_checkpoint(os.path.join(dirs[big], "speech_tokenizer"), device=device)
-        codec_graphs = Code2WavGraphs(decoder, windows=schedule.full_window_shapes(), batch_sizes=graph_sizes,
-                                      enabled=device.startswith("cuda") or dry)
-        started_codec = time.perf_counter()
-        if device.startswith("cuda"):
-            try:
-                codec_graphs.capture()
-            except Exception as exc:  # optional: fall back to the eager decoder
-                problems.append(f"code2wav graph capture failed ({type(exc).__name__}: {exc})")
-                codec_graphs.graphs.clear()
-        report.codec_capture_s = time.perf_counter() - started_codec
-        report.codec_graphs = len(codec_graphs.graphs)
-        log(f"  code2wav graphs: {report.codec_graphs} captured in {report.codec_capture_s:.1f} s")
-        report.codec_parity = codec_graph_parity(decoder, codec_graphs, schedule)
-        log(f"  code2wav graph vs eager (same padded batch): max abs diff {report.codec_parity:.3g}")
-        if report.codec_parity != 0:
-            problems.append(f"code2wav graph vs eager differ by {report.codec_parity:.3g}")
-        run_pipeline(engine, decoder, schedule, 1, 4, device, "warm", codec_graphs)
-        for c in concurrency:
-            try:
-                row = run_pipeline(engine, decoder, schedule, c, frames, device, f"c{c}", codec_graphs)
-                row["step_ms"] = step_ms(engine, c, min(frames, 40), device)
-            except Exception as exc:  # keep the levels measured so far
-                problems.append(f"in-process c={c} raised {type(exc).__name__}: {exc}")
-                log(f"  c={c}: {problems[-1]}")
-                break
-            report.rows.append(row)
-            log(f"  c={c}: TTFA p50 {row['ttfa_p50_ms']:.1f} ms p95 {row['ttfa_p95_ms']:.1f} ms, "
-                f"RTF p50 {row['rtf_p50']:.3f}, {row['audio_s_per_s']:.1f} audio s/s, step {row['step_ms']:.2f} ms")
-        del engine
-        try:
-            eager = create_engine(dirs[big], max_num_seqs=4, max_model_len=max_model_len, dtype=dtype,
-                                  device=device, cuda_graph_sizes=[1, 4], enforce_eager=True,
-                                  static_step=_static(device))
-            report.eager_step = {c: step_ms(eager, c, min(frames, 40), device) for c in (1, 4)}
-            del eager
-        except Exception as exc:
-            problems.append(f"eager step raised {type(exc).__name__}: {exc}")
-        log(f"  eager (no graphs) step: c=1 {report.eager_step[1]:.2f} ms, c=4 {report.eager_step[4]:.2f} ms")
-        del decoder
+        if args.served_only:
+            log("parity, memory and in-process benchmark: skipped (--served-only)")
+        else:
+            measure_in_process(report, dirs, concurrency, graph_sizes, schedule, max_model_len)
 
         # 5. served
         report.served_status = "skipped (--no-served or dry run)"
@@ -512,6 +441,96 @@ def run_checks(args: argparse.Namespace, report: CheckReport) -> None:
                                           args.results if not args.no_results else os.devnull,
                                           args.served_timeout)
         log(f"served: {report.served_status}")
+
+
+def measure_in_process(report: CheckReport, dirs: dict[str, str], concurrency: list[int], graph_sizes: list[int],
+                       schedule: CodecChunkSchedule, max_model_len: int) -> None:
+    """Steps 2-4: graph parity, the 0.6B memory check and the in-process 1.7B benchmark."""
+    dry, device, dtype, small, big, frames = (report.dry, report.device, report.dtype, report.small, report.big,
+                                              report.frames)
+    problems = report.problems
+    # 2. parity (1.7B shape): graphs vs enforce_eager, buckets 1, 2, 4 with c = 1, 3 (padded), 4,
+    # greedy and with seeded sampling (the in-graph noise)
+    log("parity: codes with CUDA graphs vs the same step eager")
+    try:
+        report.parity = greedy_graph_parity(dirs[big], device=device, dtype=dtype, concurrency=(1, 3, 4),
+                                            frames=min(frames, 24), cuda_graph_sizes=[1, 2, 4],
+                                            max_model_len=max_model_len, sample_concurrency=(3,))
+    except Exception as exc:  # report it and go on to the benchmarks
+        log(f"  parity check raised {type(exc).__name__}: {exc}")
+        problems.append(f"parity check raised {type(exc).__name__}: {exc}")
+    parity = report.parity
+    if device.startswith("cuda") and parity["graphs"] == 0:
+        problems.append("no CUDA graph was captured (capture failed: see the log; the engine ran eagerly)")
+    for level in parity["levels"]:
+        log(f"  c={level['concurrency']}{' sampled' if level.get('sample') else ''}: {level['frames']} frames, "
+            f"equal={level['equal']}"
+            + (f" (first mismatch: {level['first_mismatch']})" if level["first_mismatch"] else ""))
+    if parity["levels"] and not parity["ok"]:
+        problems.append("graph vs eager parity FAILED")
+    log(f"  capture + warm-up: {parity['capture_s']:.2f} s for {parity['graphs']} graphs")
+
+    # 3. memory (0.6B pipeline, max_num_seqs 16)
+    log(f"memory: {small} pipeline, max_num_seqs 16, 16 streams")
+    report.memory["max_model_len"] = max_model_len if dry else 2048
+    try:
+        report.memory = memory_check(dirs[small], device, dtype, frames, schedule,
+                                     max_model_len if dry else 2048, [1, 2, 4, 8, 16])
+    except Exception as exc:  # report it and go on to the benchmark
+        problems.append(f"memory check raised {type(exc).__name__}: {exc}")
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    log("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in report.memory.items()))
+
+    # 4. in-process benchmark (1.7B)
+    log(f"in-process: {big}, c={concurrency}, {frames} frames per request")
+    started_load = time.perf_counter()
+    engine = create_engine(dirs[big], max_num_seqs=max(concurrency), max_model_len=max_model_len, dtype=dtype,
+                           device=device, cuda_graph_sizes=graph_sizes, max_prefills_per_step=max(concurrency),
+                           static_step=_static(device))
+    report.capture_s = time.perf_counter() - started_load
+    report.buckets = engine.runner.graphs.sizes if engine.runner.graphs is not None else []
+    decoder = Code2Wav.from_checkpoint(os.path.join(dirs[big], "speech_tokenizer"), device=device)
+    codec_graphs = Code2WavGraphs(decoder, windows=schedule.full_window_shapes(), batch_sizes=graph_sizes,
+                                  enabled=device.startswith("cuda") or dry)
+    started_codec = time.perf_counter()
+    if device.startswith("cuda"):
+        try:
+            codec_graphs.capture()
+        except Exception as exc:  # optional: fall back to the eager decoder
+            problems.append(f"code2wav graph capture failed ({type(exc).__name__}: {exc})")
+            codec_graphs.graphs.clear()
+    report.codec_capture_s = time.perf_counter() - started_codec
+    report.codec_graphs = len(codec_graphs.graphs)
+    log(f"  code2wav graphs: {report.codec_graphs} captured in {report.codec_capture_s:.1f} s")
+    report.codec_parity = codec_graph_parity(decoder, codec_graphs, schedule)
+    log(f"  code2wav graph vs eager (same padded batch): max abs diff {report.codec_parity:.3g}")
+    if report.codec_parity != 0:
+        problems.append(f"code2wav graph vs eager differ by {report.codec_parity:.3g}")
+    run_pipeline(engine, decoder, schedule, 1, 4, device, "warm", codec_graphs)
+    for c in concurrency:
+        try:
+            row = run_pipeline(engine, decoder, schedule, c, frames, device, f"c{c}", codec_graphs)
+            row["step_ms"] = step_ms(engine, c, min(frames, 40), device)
+        except Exception as exc:  # keep the levels measured so far
+            problems.append(f"in-process c={c} raised {type(exc).__name__}: {exc}")
+            log(f"  c={c}: {problems[-1]}")
+            break
+        report.rows.append(row)
+        log(f"  c={c}: TTFA p50 {row['ttfa_p50_ms']:.1f} ms p95 {row['ttfa_p95_ms']:.1f} ms, "
+            f"RTF p50 {row['rtf_p50']:.3f}, {row['audio_s_per_s']:.1f} audio s/s, step {row['step_ms']:.2f} ms")
+    del engine
+    try:
+        eager = create_engine(dirs[big], max_num_seqs=4, max_model_len=max_model_len, dtype=dtype,
+                              device=device, cuda_graph_sizes=[1, 4], enforce_eager=True,
+                              static_step=_static(device))
+        report.eager_step = {c: step_ms(eager, c, min(frames, 40), device) for c in (1, 4)}
+        del eager
+    except Exception as exc:
+        problems.append(f"eager step raised {type(exc).__name__}: {exc}")
+    log(f"  eager (no graphs) step: c=1 {report.eager_step[1]:.2f} ms, c=4 {report.eager_step[4]:.2f} ms")
+    del decoder
 
 
 if __name__ == "__main__":

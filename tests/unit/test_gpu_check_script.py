@@ -51,3 +51,11 @@ def test_gpu_check_reports_what_it_measured_when_the_timeout_stops_it(tmp_path):
     assert "**Problems: stopped by SIGTERM (timeout) after" in report
     assert "c=1 equal, c=3 equal, c=4 equal, c=3 sampled equal" in report  # the step it finished
     assert "| c | TTFA p50 ms |" in report
+
+
+def test_served_only_with_nothing_to_serve_is_refused():
+    done = subprocess.run([sys.executable, "perf/gpu/check.py", "--served-only", "--dry-run"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 2
+    assert "--served-only runs nothing with --no-served or --dry-run" in done.stderr
