@@ -24,7 +24,9 @@ heal or an uncoded error. `beat s` is the oldest heartbeat of a stub that was no
 over 2 s) and `rstall` the stubs whose responses waited 10 s with none leaving: how far healthy
 stubs stray under this load, which the supervisor's stall rules must not mistake for a stuck stage;
 `late` the late stubs its 3-s rule for blocked stubs left to the 20-s rule (a starved host, a
-busy stub).
+stub whose loop's thread ran or waited for a CPU). `psi%` is the mean share of time some task
+waited for a CPU (/proc/pressure/cpu), `<50%` the share of 5-s spells under the supervisor's
+starved mark, where that rule may act.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ from client.speech_api.process import ShimProcess  # noqa: E402
 from client.triton_process import TritonProcess  # noqa: E402
 from client.triton_stream import coded  # noqa: E402
 from omni_backend.errors import error_code  # noqa: E402
+from omni_backend.supervisor.cpu_pressure import STARVED_SHARE, CpuPressure  # noqa: E402
 
 QWEN = "qwen3_tts_tiny_random"
 ORPHEUS = "orpheus_tiny_random"
@@ -305,9 +308,17 @@ def run_once(args, number: int) -> dict:
         for c in clients:
             c.start()
         loads = []
+        pressure = CpuPressure(keep_s=args.minutes * 60 + 60)
+        pressure.sample(t0)
+        shares = []   # per 5 s: the share of it during which some task waited for a CPU (PSI)
         while time.monotonic() - t0 < args.minutes * 60:
             time.sleep(5)
             loads.append(os.getloadavg()[0])
+            now = time.monotonic()
+            pressure.sample(now)
+            share = pressure.waiting_share(now - 5.0)
+            if share is not None:
+                shares.append(share)
             if server.proc.poll() is not None:
                 break
         stop.set()
@@ -362,6 +373,10 @@ def run_once(args, number: int) -> dict:
             "ttfa_http_p50_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "http" and x.ttfa_s], 0.5),
             "ttfa_http_p95_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "http" and x.ttfa_s], 0.95),
             "load_avg": round(statistics.mean(loads), 1) if loads else float("nan"),
+            # the host's CPU pressure: mean share of time some task waited for a CPU, and the share
+            # of 5-s spells under the supervisor's starved mark (where its 3-s rule may act)
+            "psi_pct": round(100 * statistics.mean(shares)) if shares else None,
+            "unstarved_pct": round(100 * sum(x < STARVED_SHARE for x in shares) / len(shares)) if shares else None,
             "log": str(work),
         }
         return result
@@ -372,6 +387,10 @@ def run_once(args, number: int) -> dict:
             p.wait()
         shim.stop()
         server.stop()
+
+
+def _pct(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def failed(r: dict) -> bool:
@@ -391,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.runs} runs x {args.minutes} min, {args.clients} clients, {args.burners} busy processes "
           f"on {os.cpu_count()} cores, bound {args.bound_s:.0f} s", flush=True)
     header = (f"{'run':>3} {'reqs':>5} {'ok':>5} {'hang':>5} {'exact':>5} {'mism':>4} {'wedge':>5} {'crash':>5} "
-              f"{'heal':>4} {'keyerr':>6} {'unhl':>4} {'grpc p50/p95 ms':>16} {'http p50/p95 ms':>16} {'load':>5} {'beat s':>6} {'rstall':>6} {'late':>4}  errors")
+              f"{'heal':>4} {'keyerr':>6} {'unhl':>4} {'grpc p50/p95 ms':>16} {'http p50/p95 ms':>16} {'load':>5} {'psi%':>4} {'<50%':>4} {'beat s':>6} {'rstall':>6} {'late':>4}  errors")
     results = []
     for n in range(1, args.runs + 1):
         r = run_once(args, n)
@@ -401,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:>3} {r['requests']:>5} {r['ok']:>5} {r['hang_ups']:>5} {r['exact_checked']:>5} {r['mismatches']:>4} "
               f"{r['wedges']:>5} {r['crashes']:>5} {r['heals']:>4} {r['keyerrors']:>6} {r['unhealthy']:>4} "
               f"{r['ttfa_grpc_p50_ms']:>7.0f}/{r['ttfa_grpc_p95_ms']:<8.0f} {r['ttfa_http_p50_ms']:>7.0f}/{r['ttfa_http_p95_ms']:<8.0f} "
-              f"{r['load_avg']:>5} {r['slowest_beat_s']:>6.1f} {r['response_stalls']:>6} {r['reprieves']:>4}  {r['errors'] or '-'}{'  FAILED, logs: ' + r['log'] if failed(r) else ''}", flush=True)
+              f"{r['load_avg']:>5} {_pct(r['psi_pct']):>4} {_pct(r['unstarved_pct']):>4} {r['slowest_beat_s']:>6.1f} {r['response_stalls']:>6} {r['reprieves']:>4}  {r['errors'] or '-'}{'  FAILED, logs: ' + r['log'] if failed(r) else ''}", flush=True)
         for sample in r["uncoded_samples"]:
             print(f"      uncoded: {sample}", flush=True)
         if args.json:

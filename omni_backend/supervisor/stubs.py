@@ -101,22 +101,45 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS if len(fields) > 12 else 0.0
 
 
-def cpu_demand_s(pid: int) -> float | None:
-    """Seconds the process's threads have run plus waited to run (the first two fields of each
-    thread's /proc/<pid>/task/<tid>/schedstat, in ns): it grows while any thread uses or wants a
-    CPU, and stands still while every thread is blocked. None when it cannot be read."""
-    total = 0
+@dataclass(frozen=True)
+class CpuDemand:
+    """Seconds a process's threads have run plus waited to run (the first two fields of each
+    thread's /proc/<pid>/task/<tid>/schedstat, in ns): demand grows while a thread uses or wants a
+    CPU, and stands still while it is blocked."""
+    total_s: float         # every thread's run + run-queue wait
+    waited_s: float        # every thread's run-queue wait alone
+    loop_s: float | None   # the event loop's thread's run + wait (None: not known or gone)
+
+
+def cpu_demand(pid: int, loop_tid: int | None = None) -> CpuDemand | None:
+    """The process's CPU demand, with its loop thread's (`loop_thread`) apart; None when it
+    cannot be read."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
+    total = waited = 0
+    loop = None
     read = 0
     for tid in tids:
         fields = _read(f"/proc/{pid}/task/{tid}/schedstat").split()
         if len(fields) >= 2:
-            total += int(fields[0]) + int(fields[1])
+            ran, wait = int(fields[0]), int(fields[1])
+            total += ran + wait
+            waited += wait
+            if loop_tid is not None and tid == str(loop_tid):
+                loop = (ran + wait) / 1e9
             read += 1
-    return total / 1e9 if read else None
+    return CpuDemand(total / 1e9, waited / 1e9, loop) if read else None
+
+
+def loop_thread(folder: str, stub: Stub) -> int | None:
+    """The id of the thread that runs the stub's event loop, as its heartbeat file says
+    (stub_process.start_heartbeat); None for a stub that beats from a thread, or before it said."""
+    if not folder:
+        return None
+    text = _read(os.path.join(folder, str(stub.pid))).strip()
+    return int(text) if text.isdigit() else None
 
 
 def since_boot() -> float:

@@ -48,9 +48,13 @@ FRESH_BEAT_S = 5.0
 PROMPT_BEAT_S = 1.0
 # A late stub's threads are sampled from when its beat is this old (`_blocked`'s window).
 LATE_BEAT_S = 1.0
-# Blocked: its threads ran and waited for a CPU less than this share of the window (a blocked
-# stub's helper threads wake a few times a second for microseconds).
+# Blocked: its loop's thread (or, where that is not known, all its threads) ran and waited for a
+# CPU less than this share of the window (a thread waiting for the GIL wakes every 5 ms for
+# microseconds; a blocked stub's helper threads a few times a second).
 BLOCKED_DEMAND_SHARE = 0.05
+# ... and its threads together waited for a CPU less than this share: a loop waiting for the GIL
+# while its holder waits for a CPU is starved, not stuck.
+STARVED_THREADS_SHARE = 0.5
 # A stub found stuck writes its threads' stacks to the log (stub_process.STACKS_SIGNAL) this long
 # before it is killed.
 STACKS_BEFORE_KILL_S = 0.2
@@ -110,7 +114,8 @@ class Supervisor:
         self.heartbeats = ""   # the folder stubs beat in (stub_process.start_heartbeat), made by run()
         self.starved = False   # every stub's heartbeat was old at the last check
         self.pressure = CpuPressure()
-        self.late: dict[int, tuple[float, float | None]] = {}   # pid -> (since, CPU demand then)
+        # pid -> (since, its loop thread, CPU demand then)
+        self.late: dict[int, tuple[float, int | None, stubs.CpuDemand | None]] = {}
         self.stuck: set[int] = set()   # stubs found stuck by the stub check: killed, not asked
         self.told_late: set[int] = set()   # late stubs whose reprieve was logged (`_not_blocked`)
         self.crashed = False   # the running server said it crashed (server_output): it is being ended
@@ -351,19 +356,26 @@ class Supervisor:
         late = {}
         for _, stub, age in watched:
             if age is not None and age > LATE_BEAT_S:
-                late[stub.pid] = self.late.get(stub.pid) or (now, stubs.cpu_demand_s(stub.pid))
+                if stub.pid in self.late:
+                    late[stub.pid] = self.late[stub.pid]
+                else:
+                    tid = stubs.loop_thread(self.heartbeats, stub)
+                    late[stub.pid] = (now, tid, stubs.cpu_demand(stub.pid, tid))
         self.late = late
         self.told_late &= late.keys()
 
     def _blocked(self, stub: stubs.Stub, age: float, now: float) -> str | None:
-        """Why a stub whose loop has not run for `age` s is stuck already, or None. Blocked: none
-        of its threads ran or waited for a CPU since its beat went late (a deadlock, a loop blocked
-        on a lock or a call that never returns), while the host had CPU to spare. A starved stub
-        waits for a CPU; a busy one (a long computation on its loop, a thread spinning with the
-        GIL) uses one; a stub waiting on a starved tritonserver sleeps, but the host is starved:
-        all of those are left to the `stalled_secs` rule. So is a loop that runs while its
-        responses do not leave (they can wait on a busy tritonserver)."""
-        since, demand0 = self.late.get(stub.pid, (now, None))
+        """Why a stub whose loop has not run for `age` s is stuck already, or None. Blocked: the
+        thread that runs its event loop neither ran nor waited for a CPU since its beat went late
+        (a deadlock, a loop blocked on a lock or a call that never returns, or waiting for a GIL
+        that another thread holds without end), while the host had CPU to spare. A starved loop
+        waits for a CPU; a busy one (a long computation on the loop) uses one; a loop waiting for
+        the GIL whose holder waits for a CPU, or on a starved tritonserver, sleeps, but the host
+        or the stub's threads are starved: all of those are left to the `stalled_secs` rule. So
+        is a loop that runs while its responses do not leave (they can wait on a busy
+        tritonserver). Where the loop's thread is not known, none of the stub's threads may
+        have run or waited."""
+        since, tid, demand0 = self.late.get(stub.pid, (now, None, None))
         window = now - since
         if demand0 is None or window < self.opts.frozen_secs - LATE_BEAT_S - TICK_S:
             return None
@@ -373,12 +385,24 @@ class Supervisor:
             share = self.pressure.waiting_share(now - age)
             return self._not_blocked(stub, age, "the host is starved" + (
                 "" if share is None else f" (some task waited for a CPU {share:.0%} of the time)"))
-        demand = stubs.cpu_demand_s(stub.pid)
-        if demand is None or demand - demand0 > BLOCKED_DEMAND_SHARE * window:
-            return self._not_blocked(stub, age, "it ran or waited for a CPU" + (
-                "" if demand is None else f" ({demand - demand0:.2f} s in {window:.1f} s)"))
-        return (f"and none of its threads ran or waited for a CPU in the last {window:.1f} s "
-                f"({(demand - demand0) * 1000:.0f} ms), with CPU to spare")
+        demand = stubs.cpu_demand(stub.pid, tid)
+        if demand is None:
+            return self._not_blocked(stub, age, "its threads cannot be read")
+        total = demand.total_s - demand0.total_s
+        if demand0.loop_s is None or demand.loop_s is None:
+            if total > BLOCKED_DEMAND_SHARE * window:
+                return self._not_blocked(stub, age, f"it ran or waited for a CPU ({total:.2f} s in {window:.1f} s)")
+            return (f"and none of its threads ran or waited for a CPU in the last {window:.1f} s "
+                    f"({total * 1000:.0f} ms), with CPU to spare")
+        loop = demand.loop_s - demand0.loop_s
+        waited = demand.waited_s - demand0.waited_s
+        if loop > BLOCKED_DEMAND_SHARE * window:
+            return self._not_blocked(stub, age, f"its loop's thread ran or waited for a CPU ({loop:.2f} s in "
+                                                f"{window:.1f} s)")
+        if waited > STARVED_THREADS_SHARE * window:
+            return self._not_blocked(stub, age, f"its threads waited for a CPU ({waited:.2f} s in {window:.1f} s)")
+        return (f"and its event loop's thread neither ran nor waited for a CPU in the last {window:.1f} s "
+                f"({loop * 1000:.0f} ms; its other threads ran {total - loop:.2f} s), with CPU to spare")
 
     def _not_blocked(self, stub: stubs.Stub, age: float, why: str) -> None:
         """Say once per late spell why a late stub is left to the `stalled_secs` rule."""

@@ -16,7 +16,9 @@ stderr (the server log) from faulthandler's C handler, which needs no GIL: the s
 to the stubs of a start-up that hangs before it kills them, so what held them is on record.
 
 `start_heartbeat`: under the supervisor (which sets `OMNI_HEARTBEAT_DIR`), the stub touches the
-file `<dir>/<pid>` twice a second from its event loop (or a thread, for a model without one). A
+file `<dir>/<pid>` twice a second from its event loop (or a thread, for a model without one); the
+file holds the loop's thread id, whose CPU time the supervisor reads to tell a blocked loop from a
+starved one (`omni_backend.supervisor.stubs.cpu_demand`). A
 ping through Triton waits in the model's queue behind every request and so cannot tell a stuck
 stub from an overloaded one; a heartbeat that stops while the process lives can. The beat also
 stops while the stub's responses have waited STALL_REPORT_S with none leaving (`stalled`, the
@@ -118,6 +120,12 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
         _watching_loop = True
         responses_stalled = stalled or (lambda: 0.0)
 
+        def name_loop_thread() -> None:   # the first beat says which thread runs the loop
+            try:
+                path.write_text(str(threading.get_native_id()))
+            except OSError:
+                pass
+
         def tick() -> None:
             if _watching_loop:   # the stacks of a loop that stops ticking, once, STALL_REPORT_S on
                 faulthandler.dump_traceback_later(STALL_REPORT_S, file=sys.stderr)
@@ -126,6 +134,7 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
             else:   # the loop runs, its responses do not leave: the supervisor waits longer
                 _beat(responses_path)
             loop.call_later(HEARTBEAT_S, tick)
+        loop.call_soon_threadsafe(name_loop_thread)
         loop.call_soon_threadsafe(tick)
         threading.Thread(target=_report_stalls, args=(loop, responses_stalled, STALL_REPORT_S),
                          name="stall-report", daemon=True).start()

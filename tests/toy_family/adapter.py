@@ -21,6 +21,9 @@ class ToyAdapter(TTSAdapter):
         Param("block_loop_after", int, default=0, lo=0, hi=1000,
               help="test hook: the writer's event loop blocks for good after this many pieces"
                    " (0: never)"),
+        Param("hog_gil_after", int, default=0, lo=0, hi=1000,
+              help="test hook: a thread of the writer holds the GIL for good after this many pieces"
+                   " (0: never)"),
     )
 
     def skipped_stages(self, request: dict[str, Any]) -> frozenset[int]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from typing import Any, AsyncIterator, Hashable
 
@@ -23,6 +24,12 @@ class _StuckSender:
         threading.Event().wait()
 
 
+def _hog_gil() -> None:
+    """Holds the GIL without end, as a regular expression that backtracks for ever does (the C
+    matcher never lets it go): the stub's loop then waits for it while this thread runs."""
+    re.fullmatch(r"(a+)+b", "a" * 64)
+
+
 class Writer(StageModel):
     async def generate(self, ctx: StreamContext, request: dict[str, Any] | None,
                        inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
@@ -36,6 +43,8 @@ class Writer(StageModel):
                 self.responses.send(_StuckSender(), None, 0)
             if n == request["block_loop_after"] > 0:
                 threading.Event().wait()   # blocks the stub's event loop, as a deadlock would
+            if n == request["hog_gil_after"] > 0:
+                threading.Thread(target=_hog_gil, name="gil-hog", daemon=True).start()
             yield [pb_utils.Tensor("TOKENS", tokens[i:i + PIECE]),
                    bytes_tensor("TEXT_DELTA", text[i:i + PIECE])]
 

@@ -62,6 +62,7 @@ def test_responses_that_never_leave_stop_the_heartbeat_and_are_reported(tmp_path
         stub_process.start_heartbeat(loop, lambda: stalled[0])
         time.sleep(1.0)
         assert time.time() - beat.stat().st_mtime < 0.8          # beating
+        assert beat.read_text() == str(runner.native_id)          # it names the loop's thread
         stalled[0] = 1.5                                          # responses stuck past the bound
         time.sleep(2.0)
         assert time.time() - beat.stat().st_mtime > 1.2          # the beat stopped, the loop still ticks

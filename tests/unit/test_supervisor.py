@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -186,7 +187,7 @@ def test_a_late_stub_is_blocked_only_when_it_wanted_no_cpu_on_a_host_with_cpu_to
         _psi(psi, 100_000)                      # some task waited 0.1 s of the last 3.5 s: quiet
         sup.pressure.sample(now)
         blocked, busy = stubs.parse_stub(proc.pid), stubs.Stub(spinner.pid, "m", "", None)
-        sup.late = {s.pid: (now - 2.5, stubs.cpu_demand_s(s.pid)) for s in (blocked, busy)}
+        sup.late = {s.pid: (now - 2.5, None, stubs.cpu_demand(s.pid)) for s in (blocked, busy)}
         time.sleep(0.5)
         now = time.monotonic()
         why = sup._blocked(blocked, 3.2, now)
@@ -198,9 +199,9 @@ def test_a_late_stub_is_blocked_only_when_it_wanted_no_cpu_on_a_host_with_cpu_to
             sup._found_stuck(blocked)                           # found again (healing off): once
         assert signals == [stub_process.STACKS_SIGNAL] and blocked.pid in sup.stuck
         assert sup._blocked(busy, 3.2, now) is None             # it runs: busy, or spinning
-        sup.late[blocked.pid] = (now - 1.0, sup.late[blocked.pid][1])
+        sup.late[blocked.pid] = (now - 1.0, *sup.late[blocked.pid][1:])
         assert sup._blocked(blocked, 3.2, now) is None          # not watched long enough yet
-        sup.late[blocked.pid] = (now - 2.5, sup.late[blocked.pid][1])
+        sup.late[blocked.pid] = (now - 2.5, *sup.late[blocked.pid][1:])
         marker = tmp_path / f"{proc.pid}{stub_process.RESPONSES_STALLED_SUFFIX}"
         marker.touch()                                          # its loop runs; responses stalled
         assert sup._blocked(blocked, 3.2, now) is None
@@ -211,6 +212,96 @@ def test_a_late_stub_is_blocked_only_when_it_wanted_no_cpu_on_a_host_with_cpu_to
     finally:
         spinner.kill()
         spinner.wait()
+
+
+# A process like a stub with an event loop: its "loop" thread blocks (as on a deadlock) or spins
+# (a long computation on the loop), while another thread holds the GIL without end (a regular
+# expression that backtracks for ever) or sleeps; it prints the loop thread's id.
+_LOOP_PROCESS = """
+import re, sys, threading, time
+mode = sys.argv[1]
+def loop():
+    print(threading.get_native_id(), flush=True)
+    if mode == 'spinning-loop':
+        while True: pass
+    threading.Event().wait()
+threading.Thread(target=loop).start()
+time.sleep(0.3)
+if mode == 'gil-hog':
+    re.fullmatch(r'(a+)+b', 'a' * 64)
+threading.Event().wait()
+"""
+
+
+def _loop_process(mode: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen([sys.executable, "-c", _LOOP_PROCESS, mode], stdout=subprocess.PIPE, text=True)
+    return proc, int(proc.stdout.readline())
+
+
+def _quiet_host(sup: Supervisor, tmp_path: Path, now: float) -> None:
+    psi = tmp_path / "cpu"
+    _psi(psi, 0)
+    sup.pressure = CpuPressure(str(psi))
+    sup.pressure.sample(now - 3.5)
+    _psi(psi, 100_000)
+    sup.pressure.sample(now)
+
+
+def test_a_loop_held_by_a_thread_that_keeps_the_gil_is_blocked_though_the_stub_is_busy(tmp_path):
+    """The loop's thread waits for the GIL (or a lock) while another thread runs: the stub uses
+    a CPU, but its loop does not, and never will; one whose loop thread spins is busy instead."""
+    hog, hog_loop = _loop_process("gil-hog")
+    spinning, spinning_loop = _loop_process("spinning-loop")
+    try:
+        sup = _supervisor()
+        sup.heartbeats = str(tmp_path)
+        time.sleep(0.5)                                  # the hog is in its regular expression
+        now = time.monotonic()
+        _quiet_host(sup, tmp_path, now)
+        held, busy = stubs.Stub(hog.pid, "m", "", None), stubs.Stub(spinning.pid, "m", "", None)
+        sup.late = {held.pid: (now - 2.5, hog_loop, stubs.cpu_demand(hog.pid, hog_loop)),
+                    busy.pid: (now - 2.5, spinning_loop, stubs.cpu_demand(spinning.pid, spinning_loop))}
+        time.sleep(1.0)
+        now = time.monotonic()
+        why = sup._blocked(held, 3.2, now)
+        assert why and "its event loop's thread neither ran nor waited for a CPU" in why, why
+        ran = float(why.split("its other threads ran ")[1].split(" s")[0])
+        assert ran > 0.3                                 # the hog ran all along (the host is not idle)
+        assert sup._blocked(busy, 3.2, now) is None      # its loop's thread runs
+        # the same stub seen as a whole (its loop thread not known) is busy, not blocked
+        sup.late[held.pid] = (now - 3.5, None, stubs.cpu_demand(hog.pid))
+        time.sleep(0.5)
+        assert sup._blocked(held, 3.2, time.monotonic()) is None
+    finally:
+        for proc in (hog, spinning):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_loop_waiting_while_its_threads_wait_for_a_cpu_is_starved_not_blocked(tmp_path, monkeypatch):
+    sup = _supervisor()
+    sup.heartbeats = str(tmp_path)
+    now = time.monotonic()
+    _quiet_host(sup, tmp_path, now)
+    stub = stubs.Stub(os.getpid(), "m", "", None)
+    sup.late = {stub.pid: (now - 2.5, 7, stubs.CpuDemand(10.0, 1.0, 2.0))}
+    # the loop thread slept; another thread waited 2 of the 2.5 s for a CPU (holding the GIL)
+    monkeypatch.setattr(stubs, "cpu_demand", lambda pid, tid=None: stubs.CpuDemand(12.1, 3.0, 2.01))
+    assert sup._blocked(stub, 3.2, now) is None
+    monkeypatch.setattr(stubs, "cpu_demand", lambda pid, tid=None: stubs.CpuDemand(12.1, 1.2, 2.01))
+    assert "neither ran nor waited" in sup._blocked(stub, 3.2, now)
+
+
+def test_the_loop_thread_is_read_from_the_heartbeat(tmp_path):
+    stub = stubs.Stub(os.getpid(), "m", "", None)
+    assert stubs.loop_thread(str(tmp_path), stub) is None
+    (tmp_path / str(stub.pid)).touch()                   # a stub that beats from a thread
+    assert stubs.loop_thread(str(tmp_path), stub) is None
+    (tmp_path / str(stub.pid)).write_text("4242")
+    assert stubs.loop_thread(str(tmp_path), stub) == 4242
+    demand = stubs.cpu_demand(os.getpid(), threading.get_native_id())
+    assert demand is not None and demand.loop_s is not None and 0 < demand.loop_s <= demand.total_s
+    assert stubs.cpu_demand(os.getpid(), 1).loop_s is None   # no such thread in this process
 
 
 def test_heartbeat_age(tmp_path):
