@@ -1,15 +1,23 @@
 """tritonserver (and every stub it starts) gets bounded glibc heaps from its first allocation."""
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
+
+from client.service_process import free_port
 
 from omni_backend import glibc_heaps
 from omni_backend.triton import server_binary
 
 LOADER = "/lib64/ld-linux-x86-64.so.2"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_server_environment_bounds_glibc_heaps() -> None:
@@ -36,3 +44,31 @@ def test_a_child_started_with_them_reads_them() -> None:
     assert values["glibc.malloc.arena_max"] == hex(glibc_heaps.MALLOC_HEAPS)
     assert values["glibc.malloc.mmap_threshold"] == hex(glibc_heaps.LARGE_BUFFER_BYTES)
     assert values["glibc.malloc.tcache_count"] == hex(glibc_heaps.THREAD_CACHE_CHUNKS)
+
+
+def test_the_speech_api_started_as_a_program_restarts_itself_with_them() -> None:
+    """glibc reads its tunables only at start: `python -m client.speech_api` started without them
+    executes itself again with them (same pid) before it serves."""
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env["PYTHONPATH"] = str(ROOT)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "client.speech_api", "--triton", "localhost:1", "--port",
+                             str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except urllib.error.HTTPError:   # 503: no Triton behind it, but it serves
+                break
+            except OSError:
+                assert proc.poll() is None, "the speech API exited"
+                time.sleep(0.2)
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        # the loader shortens the variable in the process's initial environment to what it
+        # parsed first; that it is there at all shows the second start
+        assert any(item.startswith(b"GLIBC_TUNABLES=glibc.malloc.") for item in environ)
+    finally:
+        proc.terminate()
+        proc.wait(10)
