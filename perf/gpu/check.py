@@ -325,8 +325,7 @@ class CheckReport:
                  f"weights), {stamp}", "",
                  f"Machine: {self.gpu}, torch {torch.__version__}, python {platform.python_version()}, device "
                  f"{self.device}, AR dtype {self.dtype}, code2wav float32. Command: "
-                 f"`perf/gpu/check.sh{' --dry-run' if self.dry else ''}{' --served-only' if self.served_only else ''}` "
-                 f"({total_s:.0f} s). {self.frames} frames per "
+                 f"`perf/gpu/check.sh{' --dry-run' if self.dry else ''}` ({total_s:.0f} s). {self.frames} frames per "
                  "request (random weights never stop), chunk schedule 2 / 25 / 72, code2wav windows decoded in the "
                  "engine loop (serial, in-process).", "",
                  f"Parity (greedy and seeded sampling, graphs vs enforce_eager, {self.big}): "
@@ -345,8 +344,11 @@ class CheckReport:
                  f"c=4 {self.eager_step[4]:.2f} ms.", "",
                  "| c | TTFA p50 ms | TTFA p95 ms | RTF p50 | audio s/s | step ms (c frames) |",
                  "|---|---|---|---|---|---|"]
-        if self.served_only:  # only the header: the served table is appended by perf/bench.py
-            lines = lines[:4]
+        if self.served_only:  # the served table is appended by perf/bench.py
+            lines = [f"## Qwen3-TTS GPU check, served only ({self.big} random weights), {stamp}", "",
+                     f"Machine: {self.gpu}, torch {torch.__version__}, python {platform.python_version()}. "
+                     f"Command: `perf/gpu/check.sh --served-only` ({total_s:.0f} s). {self.frames} frames per "
+                     "request (random weights never stop)."]
         for r in self.rows:
             lines.append(f"| {r['concurrency']} | {r['ttfa_p50_ms']:.1f} | {r['ttfa_p95_ms']:.1f} | "
                          f"{r['rtf_p50']:.3f} | {r['audio_s_per_s']:.1f} | {r['step_ms']:.2f} |")
