@@ -44,10 +44,34 @@ def bound_malloc_retention(large_buffer_bytes: int = LARGE_BUFFER_BYTES, heaps: 
     high-water mark of the medium buffers, one per synthesising thread otherwise; 16 varied
     streams on 8 threads: +512 -> +230 MB, same CPU time. False where the C library has no
     mallopt (not glibc)."""
+    keep_arrays_off_huge_pages()
     mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is None:
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, int(large_buffer_bytes))) & bool(mallopt(_M_ARENA_MAX, int(heaps)))
+
+
+def keep_arrays_off_huge_pages() -> bool:
+    """Stop numpy advising the kernel to back its arrays with 2 MiB pages (it does for every
+    array of 4 MiB and more: madvise MADV_HUGEPAGE; `NUMPY_MADVISE_HUGEPAGE=0` does the same at
+    import). An array that malloc carves out of a heap (from a free chunk large enough) marks that
+    stretch of the heap for the rest of the process, and the kernel's khugepaged then fills each
+    2 MiB there around any page still in use, also while the process is idle, undoing the trim:
+    the hibari synthesizer's kept memory rose 142 -> 157 MB over 20 minutes of a soak, in 2 MiB
+    steps, with no request in flight (perf/RESULTS.md). False where numpy is absent or has no
+    such switch."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:
+        try:
+            from numpy.core import multiarray
+        except ImportError:
+            return False
+    switch = getattr(multiarray, "_set_madvise_hugepage", None)
+    if switch is None:
+        return False
+    switch(False)
+    return True
 
 
 def release_free_memory() -> None:

@@ -58,6 +58,8 @@ from client.triton_process import TritonProcess  # noqa: E402
 from client.triton_stream import coded  # noqa: E402
 from omni_backend.errors import error_code  # noqa: E402
 from omni_backend.supervisor.cpu_pressure import STARVED_SHARE, CpuPressure  # noqa: E402
+from omni_backend.testing import busy_host  # noqa: E402
+from omni_backend.testing.busy_host import burners  # noqa: E402
 
 QWEN = "qwen3_tts_tiny_random"
 ORPHEUS = "orpheus_tiny_random"
@@ -264,18 +266,6 @@ class Client(threading.Thread):
 
 # ------------------------------------------------------------------ one run
 
-# A busy process that ends when this harness does, however it ends (Linux's PR_SET_PDEATHSIG):
-# a harness stopped by a signal left 16 of them burning and slowed what ran next.
-_BURN = ("import ctypes, os, signal, sys; PR_SET_PDEATHSIG = 1\n"
-         "ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)\n"
-         "if os.getppid() != int(sys.argv[1]): sys.exit()\n"
-         "while True: pass")
-
-
-def burners(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", _BURN, str(os.getpid())]) for _ in range(n)]
-
-
 def server_pid(server: TritonProcess) -> int | None:
     return server.server_pid
 
@@ -381,10 +371,7 @@ def run_once(args, number: int) -> dict:
         }
         return result
     finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
+        busy_host.stop(procs)
         shim.stop()
         server.stop()
 

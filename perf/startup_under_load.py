@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from client.triton_process import TritonProcess  # noqa: E402
 from omni_backend.supervisor import stubs  # noqa: E402
-from perf.overload import burners  # noqa: E402
+from omni_backend.testing import busy_host  # noqa: E402
+from omni_backend.testing.busy_host import burners  # noqa: E402
 
 
 def _watch_stubs(server: TritonProcess, seen: set[int], stop: threading.Event) -> None:
@@ -83,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n:5d}  {ready}  {r['stubs']:5d}  {r['startup_deaths']:15d}  {r['lock_exception']:14d}"
                   + ("" if r["ready_s"] is not None else f"  logs: {r['log']}"), flush=True)
     finally:
-        for p in procs:
-            p.kill()
+        busy_host.stop(procs)
     return 1 if failures else 0
 
 

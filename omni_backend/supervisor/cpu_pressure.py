@@ -3,10 +3,14 @@
 A stub whose event loop has not run for a few seconds is stuck only if it could have run: on a
 starved host every loop is late, and a healthy stub can also sleep while it waits on tritonserver
 (the 2.51 Python backend's `Metric.set` keeps the GIL while it waits for the server's answer, so a
-starved server stops the stub's loop with no thread of the stub wanting a CPU). Linux's pressure
-stall information (/proc/pressure/cpu) counts the time during which some task waited for a CPU;
-sampled every check, it gives that share for any recent window. Without it (kernels built or
-booted without PSI) the 1-minute load average stands in: at or above the usable cores, starved.
+starved server stops the stub's loop with no thread of the stub wanting a CPU; what the loop's
+thread waits in tells that from a deadlock: `omni_backend.supervisor.stubs.thread_wait`).
+Linux's pressure stall information (/proc/pressure/cpu) counts the time during which some task
+waited for a CPU; sampled every check, it gives that share for any recent window. Without it
+(kernels built or booted without PSI) the run queue stands in: each sample of /proc/stat's
+`procs_running` (tasks running or ready to run, host-wide) above the usable cores counts the time
+since the sample before as waited. The 1-minute load average, the last resort, trails a host that
+has just become starved by most of a minute.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import os
 from collections import deque
 
 PSI_PATH = "/proc/pressure/cpu"
+STAT_PATH = "/proc/stat"
 STARVED_SHARE = 0.5   # some task waited for a CPU at least this share of the window
 
 
@@ -29,18 +34,42 @@ def _some_total_us(path: str) -> int | None:
     return None
 
 
+def _procs_running(path: str) -> int | None:
+    """Tasks running or ready to run now, host-wide (/proc/stat); None where it cannot be read."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("procs_running "):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 class CpuPressure:
-    def __init__(self, path: str = PSI_PATH, keep_s: float = 120.0):
+    def __init__(self, path: str = PSI_PATH, keep_s: float = 120.0, stat_path: str = STAT_PATH):
         self.path = path
+        self.stat_path = stat_path
         self.keep_s = keep_s
-        self.samples: deque[tuple[float, int]] = deque()   # (monotonic s, PSI total us), oldest first
+        self.cores = len(os.sched_getaffinity(0))
+        # (monotonic s, cumulative us during which some task waited for a CPU), oldest first
+        self.samples: deque[tuple[float, int]] = deque()
         self.has_psi = _some_total_us(path) is not None
+        self.source = "psi" if self.has_psi else "run queue" if _procs_running(stat_path) is not None else "load average"
 
     def sample(self, now: float) -> None:
-        """Record PSI's counter (call once per check)."""
-        if not self.has_psi:
+        """Record how long some task has waited for a CPU so far (call once per check)."""
+        if self.source == "psi":
+            total = _some_total_us(self.path)
+        elif self.source == "run queue":
+            running = _procs_running(self.stat_path)
+            if running is None:
+                return
+            total = self.samples[-1][1] if self.samples else 0
+            if self.samples and running > self.cores:
+                total += int((now - self.samples[-1][0]) * 1e6)
+        else:
             return
-        total = _some_total_us(self.path)
         if total is None:
             return
         self.samples.append((now, total))
@@ -64,7 +93,7 @@ class CpuPressure:
 
     def starved(self, since: float) -> bool:
         """Whether the host was short of CPU since `since` (monotonic seconds)."""
-        if self.has_psi:
-            share = self.waiting_share(since)
-            return share is None or share >= STARVED_SHARE
-        return os.getloadavg()[0] >= len(os.sched_getaffinity(0))
+        if self.source == "load average":
+            return os.getloadavg()[0] >= self.cores
+        share = self.waiting_share(since)
+        return share is None or share >= STARVED_SHARE

@@ -8,7 +8,9 @@ model that stopped answering, and remove what a crashed server left behind.
 from __future__ import annotations
 
 import os
+import platform
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +133,52 @@ def cpu_demand(pid: int, loop_tid: int | None = None) -> CpuDemand | None:
                 loop = (ran + wait) / 1e9
             read += 1
     return CpuDemand(total / 1e9, waited / 1e9, loop) if read else None
+
+
+# System call numbers (they differ by architecture) of the waits `thread_wait` tells apart.
+_SYSCALLS = {"x86_64": {"futex": 202, "sleeps": (35, 230)},      # nanosleep, clock_nanosleep
+             "aarch64": {"futex": 98, "sleeps": (101, 115)}}.get(platform.machine())
+_FUTEX_PRIVATE = 0x80
+_FUTEX_CMD = 0x7F
+_FUTEX_WAITS = (0, 6, 9, 11, 13)   # WAIT, LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
+
+
+@dataclass(frozen=True)
+class ThreadWait:
+    """What a sleeping thread waits in. `own`: only another thread of its own process or the
+    clock can end the wait (a lock or event waited for with no timeout: a deadlock looks like
+    this; a sleep), so it does not wait on tritonserver, and a starved host is no reason for it
+    to sleep on. A futex shared with another process (the 2.51 stub waits on tritonserver that
+    way: a `Metric.set`, a message) or a wait with a timeout (the GIL: CPython waits for it in
+    5 ms slices) is not."""
+    own: bool
+    what: str
+
+
+def thread_wait(pid: int, tid: int) -> ThreadWait | None:
+    """The system call a thread sleeps in (/proc/<pid>/task/<tid>/syscall); None when it runs,
+    is gone, cannot be read, or on an architecture not known here."""
+    fields = _read(f"/proc/{pid}/task/{tid}/syscall").split()
+    if _SYSCALLS is None or len(fields) < 5:
+        return None
+    try:
+        nr, args = int(fields[0]), [int(a, 16) for a in fields[1:5]]
+    except ValueError:   # "running"
+        return None
+    if nr == _SYSCALLS["futex"] and (args[1] & _FUTEX_CMD) in _FUTEX_WAITS:
+        if not args[1] & _FUTEX_PRIVATE:
+            return ThreadWait(False, "a futex shared with another process")
+        if args[3]:
+            return ThreadWait(False, "a lock with a timeout (or the GIL)")
+        return ThreadWait(True, "a lock or event of its own process, with no timeout")
+    if nr in _SYSCALLS["sleeps"]:
+        return ThreadWait(True, "a sleep")
+    return ThreadWait(False, f"system call {nr}")
+
+
+def reads_thread_waits() -> bool:
+    """Whether `thread_wait` can tell anything here (a known architecture, /proc/.../syscall)."""
+    return _SYSCALLS is not None and bool(_read(f"/proc/self/task/{threading.get_native_id()}/syscall"))
 
 
 def loop_thread(folder: str, stub: Stub) -> int | None:

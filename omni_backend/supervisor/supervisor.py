@@ -368,23 +368,24 @@ class Supervisor:
         """Why a stub whose loop has not run for `age` s is stuck already, or None. Blocked: the
         thread that runs its event loop neither ran nor waited for a CPU since its beat went late
         (a deadlock, a loop blocked on a lock or a call that never returns, or waiting for a GIL
-        that another thread holds without end), while the host had CPU to spare. A starved loop
-        waits for a CPU; a busy one (a long computation on the loop) uses one; a loop waiting for
-        the GIL whose holder waits for a CPU, or on a starved tritonserver, sleeps, but the host
-        or the stub's threads are starved: all of those are left to the `stalled_secs` rule. So
-        is a loop that runs while its responses do not leave (they can wait on a busy
-        tritonserver). Where the loop's thread is not known, none of the stub's threads may
-        have run or waited."""
+        that another thread holds without end), and the stub's threads were not starved. A
+        starved loop waits for a CPU; a busy one (a long computation on the loop) uses one; a loop
+        waiting for the GIL whose holder waits for a CPU sleeps, but its threads are starved: those
+        are left to the `stalled_secs` rule. So is a loop that runs while its responses do not
+        leave (they can wait on a busy tritonserver). On a starved host a loop may also sleep on
+        tritonserver (a `Metric.set`), so there it is stuck only when it waits, with no timeout,
+        on nothing outside its own process (`stubs.thread_wait`: a lock or event of its own, a
+        sleep). Where the loop's thread is not known, the host must have CPU to spare and none of
+        the stub's threads may have run or waited."""
         since, tid, demand0 = self.late.get(stub.pid, (now, None, None))
         window = now - since
         if demand0 is None or window < self.opts.frozen_secs - LATE_BEAT_S - TICK_S:
             return None
         if stubs.responses_stalled(self.heartbeats, stub, age):
             return self._not_blocked(stub, age, "its loop runs but its responses do not leave")
-        if self.pressure.starved(now - age):
-            share = self.pressure.waiting_share(now - age)
-            return self._not_blocked(stub, age, "the host is starved" + (
-                "" if share is None else f" (some task waited for a CPU {share:.0%} of the time)"))
+        starved = self.pressure.starved(now - age)
+        if starved and (demand0.loop_s is None or tid is None):
+            return self._not_blocked(stub, age, self._starved_host(now - age))
         demand = stubs.cpu_demand(stub.pid, tid)
         if demand is None:
             return self._not_blocked(stub, age, "its threads cannot be read")
@@ -401,8 +402,19 @@ class Supervisor:
                                                 f"{window:.1f} s)")
         if waited > STARVED_THREADS_SHARE * window:
             return self._not_blocked(stub, age, f"its threads waited for a CPU ({waited:.2f} s in {window:.1f} s)")
+        wait = stubs.thread_wait(stub.pid, tid)
+        if starved and not (wait and wait.own):
+            return self._not_blocked(stub, age, f"{self._starved_host(now - age)} and its loop's thread waits in "
+                                                f"{wait.what if wait else 'what cannot be read'}")
         return (f"and its event loop's thread neither ran nor waited for a CPU in the last {window:.1f} s "
-                f"({loop * 1000:.0f} ms; its other threads ran {total - loop:.2f} s), with CPU to spare")
+                f"({loop * 1000:.0f} ms; its other threads ran {total - loop:.2f} s)"
+                + (f", waiting in {wait.what}" if wait else "")
+                + (" (the host is starved, but nothing outside the stub holds it)" if starved else
+                   ", with CPU to spare"))
+
+    def _starved_host(self, since: float) -> str:
+        share = self.pressure.waiting_share(since)
+        return "the host is starved" + ("" if share is None else f" (some task waited for a CPU {share:.0%} of the time)")
 
     def _not_blocked(self, stub: stubs.Stub, age: float, why: str) -> None:
         """Say once per late spell why a late stub is left to the `stalled_secs` rule."""

@@ -19,7 +19,9 @@ import pytest
 from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream, stream_parts, synthesize
 from omni_backend.supervisor import stubs
+from omni_backend.supervisor.cpu_pressure import CpuPressure
 from omni_backend.supervisor.options import SupervisorOptions
+from omni_backend.testing import busy_host
 from omni_backend.triton.stub_process import STALL_REPORT_S
 from tests.metrics_scrape import metric
 from tests.toy_family import PIPELINE, audio_of, build_repository, expected_audio, frames_of, text_pieces
@@ -313,6 +315,34 @@ def test_a_stage_whose_event_loop_blocks_is_noticed_and_its_streams_end_within_5
         assert ended_after < 5.0, log[-3000:]
         assert "its event loop's thread neither ran nor waited for a CPU" in log, log[-3000:]
         assert re.search(held_by, log), log[-3000:]
+        _serves_again_without(server, writer[0])
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(not stubs.reads_thread_waits(), reason="no /proc/<pid>/task/<tid>/syscall here")
+def test_a_stage_whose_event_loop_blocks_on_a_starved_host_is_noticed_within_5_s(tmp_path):
+    """As above, with the host starved of CPU (8 busy processes per core) while the writer's loop
+    blocks: there a healthy loop can sleep on tritonserver, so the supervisor also reads what the
+    loop's thread waits in; an event of its own, waited for with no timeout, is nothing a starved
+    host explains (supervisor.py `_blocked`). The stream still ends within 5 s of its last part."""
+    server = _started_toy_server(tmp_path / "toy_repo")
+    try:
+        writer = _stubs_of(server, f"{PIPELINE}__writer")
+        log_start = len(server.log_text())
+        with busy_host.starved(per_core=8):
+            time.sleep(1.0)                               # the host's pressure is up before the loop blocks
+            last_part = time.monotonic()
+            with pytest.raises(TritonStreamError, match=rf"^unavailable: .*{PIPELINE}__writer"):
+                for _ in stream_parts(server.grpc_url, PIPELINE, "a long text " * 40, {"block_loop_after": 2},
+                                      timeout_s=60):
+                    last_part = time.monotonic()
+            ended_after = time.monotonic() - last_part
+        log = server.log_text()[log_start:]
+        assert ended_after < 5.0, log[-3000:]
+        assert "waiting in a lock or event of its own process, with no timeout" in log, log[-3000:]
+        if CpuPressure().has_psi:
+            assert "the host is starved, but nothing outside the stub holds it" in log, log[-3000:]
         _serves_again_without(server, writer[0])
     finally:
         server.stop()

@@ -72,3 +72,34 @@ def test_the_speech_api_started_as_a_program_restarts_itself_with_them() -> None
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# An array of 8 MiB, alive while the process reads which of its mappings were advised to use
+# huge pages (`hg` in smaps' VmFlags).
+_ADVISED = """
+import sys
+import numpy as np
+from omni_backend import glibc_heaps
+if sys.argv[1] == "bounded":
+    glibc_heaps.bound_malloc_retention()
+a = np.ones(1 << 20)
+flags = [line for line in open("/proc/self/smaps") if line.startswith("VmFlags:")]
+print(sum(" hg" in line for line in flags), a[-1])
+"""
+
+
+def _advised_mappings(mode: str) -> int:
+    done = subprocess.run([sys.executable, "-c", _ADVISED, mode], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"})
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[0])
+
+
+@pytest.mark.skipif(not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists(),
+                    reason="a kernel without transparent huge pages: nothing to advise")
+def test_a_bounded_process_asks_for_no_huge_pages_for_its_arrays() -> None:
+    """numpy would advise huge pages for the array (and, for one carved out of a malloc heap, for
+    that stretch of the heap for good, which the kernel then fills 2 MiB at a time)."""
+    if _advised_mappings("default") == 0:
+        pytest.skip("numpy gives no huge-page advice here")
+    assert _advised_mappings("bounded") == 0

@@ -16,6 +16,7 @@ import pytest
 
 from omni_backend.supervisor import stubs
 from omni_backend.supervisor.cpu_pressure import CpuPressure
+from omni_backend.testing import busy_host
 from omni_backend.triton import stub_process
 from omni_backend.supervisor.options import UsageError, parse
 from omni_backend.supervisor.supervisor import PipelineState, Supervisor
@@ -168,9 +169,39 @@ def test_cpu_pressure_is_the_share_of_a_window_some_task_waited(tmp_path):
     assert pressure.waiting_share(100.0) == pytest.approx(0.1 * 2 / 4 + 1.0 * 2 / 4)
     assert pressure.waiting_share(101.0) == pytest.approx(0.55)   # from the sample before it
     assert pressure.waiting_share(102.0) == pytest.approx(1.0) and pressure.starved(102.0)
-    without = CpuPressure(str(tmp_path / "absent"))
-    assert not without.has_psi
-    assert without.starved(0.0) == (os.getloadavg()[0] >= len(os.sched_getaffinity(0)))
+    neither = CpuPressure(str(tmp_path / "absent"), stat_path=str(tmp_path / "absent"))
+    assert not neither.has_psi and neither.source == "load average"
+    assert neither.starved(0.0) == (os.getloadavg()[0] >= len(os.sched_getaffinity(0)))
+
+
+def test_without_psi_the_run_queue_tells_how_long_some_task_waited(tmp_path):
+    stat = tmp_path / "stat"
+    cores = len(os.sched_getaffinity(0))
+    stat.write_text(f"cpu  1 2 3 4\nprocs_running {cores}\nprocs_blocked 0\n")
+    pressure = CpuPressure(str(tmp_path / "absent"), stat_path=str(stat))
+    assert not pressure.has_psi and pressure.source == "run queue"
+    for t, running in ((100.0, cores), (101.0, cores), (102.0, cores + 1), (103.0, cores + 5), (104.0, 1)):
+        stat.write_text(f"procs_running {running}\n")
+        pressure.sample(t)
+    # each sample over the cores counts the second before it as waited
+    assert pressure.waiting_share(100.0) == pytest.approx(2 / 4)
+    assert pressure.waiting_share(101.0) == pytest.approx(2 / 3) and pressure.starved(101.0)
+    assert pressure.waiting_share(103.0) == pytest.approx(0.0) and not pressure.starved(103.0)
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc/stat")
+def test_without_psi_a_host_full_of_busy_processes_is_starved_at_once():
+    """The run queue shows a host that has just become starved within a second (the 1-minute
+    load average would take most of a minute)."""
+    pressure = CpuPressure("/nonexistent/psi")
+    assert pressure.source == "run queue"
+    with busy_host.starved(per_core=8):
+        time.sleep(0.5)
+        start = time.monotonic()
+        while time.monotonic() - start < 1.5:
+            pressure.sample(time.monotonic())
+            time.sleep(0.05)
+        assert pressure.starved(start), pressure.waiting_share(start)
 
 
 def test_a_late_stub_is_blocked_only_when_it_wanted_no_cpu_on_a_host_with_cpu_to_spare(fake_stub, tmp_path, monkeypatch):
@@ -224,10 +255,15 @@ def loop():
     print(threading.get_native_id(), flush=True)
     if mode == 'spinning-loop':
         while True: pass
+    if mode == 'gil-wait':   # it wants the GIL back after each sleep; the hog never lets it go
+        while True: time.sleep(0.001)
+    if mode == 'shared-wait':
+        import multiprocessing
+        multiprocessing.Semaphore(0).acquire()   # a semaphore other processes could post
     threading.Event().wait()
 threading.Thread(target=loop).start()
 time.sleep(0.3)
-if mode == 'gil-hog':
+if mode in ('gil-hog', 'gil-wait'):
     re.fullmatch(r'(a+)+b', 'a' * 64)
 threading.Event().wait()
 """
@@ -274,6 +310,86 @@ def test_a_loop_held_by_a_thread_that_keeps_the_gil_is_blocked_though_the_stub_i
         assert sup._blocked(held, 3.2, time.monotonic()) is None
     finally:
         for proc in (hog, spinning):
+            proc.kill()
+            proc.wait()
+
+
+def _starved_host(sup: Supervisor, tmp_path: Path, now: float) -> None:
+    psi = tmp_path / "cpu"
+    _psi(psi, 0)
+    sup.pressure = CpuPressure(str(psi))
+    sup.pressure.sample(now - 3.5)
+    _psi(psi, 3_400_000)
+    sup.pressure.sample(now)
+
+
+def _wait_of(pid: int, tid: int) -> stubs.ThreadWait | None:
+    """The thread's wait, read until it is caught sleeping (a thread waiting for the GIL wakes
+    every 5 ms)."""
+    for _ in range(20):
+        if (wait := stubs.thread_wait(pid, tid)) is not None:
+            return wait
+        time.sleep(0.05)
+    return None
+
+
+@pytest.mark.skipif(not stubs.reads_thread_waits(), reason="no /proc/<pid>/task/<tid>/syscall here")
+def test_what_a_sleeping_loop_thread_waits_in_is_read():
+    """A lock or event of its own with no timeout (a deadlock) is the stub's own; a futex shared
+    with another process (how a 2.51 stub waits on tritonserver) or the GIL (waited for with a
+    timeout) is not."""
+    procs = {mode: _loop_process(mode) for mode in ("blocked", "gil-wait", "shared-wait", "spinning-loop")}
+    try:
+        time.sleep(0.5)
+        waits = {mode: _wait_of(proc.pid, tid) for mode, (proc, tid) in procs.items()}
+        assert waits["blocked"] == stubs.ThreadWait(True, "a lock or event of its own process, with no timeout")
+        assert waits["gil-wait"] == stubs.ThreadWait(False, "a lock with a timeout (or the GIL)")
+        assert waits["shared-wait"] == stubs.ThreadWait(False, "a futex shared with another process")
+        assert waits["spinning-loop"] is None                        # it runs
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"],
+                                   stdout=subprocess.PIPE)
+        sleeper.stdout.readline()
+        time.sleep(0.3)
+        assert _wait_of(sleeper.pid, sleeper.pid) == stubs.ThreadWait(True, "a sleep")
+        sleeper.kill()
+        sleeper.wait()
+        assert stubs.thread_wait(sleeper.pid, sleeper.pid) is None   # gone
+    finally:
+        for proc, _ in procs.values():
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.skipif(not stubs.reads_thread_waits(), reason="no /proc/<pid>/task/<tid>/syscall here")
+def test_on_a_starved_host_a_loop_is_blocked_only_when_nothing_outside_the_stub_holds_it(tmp_path):
+    """A starved tritonserver can hold a healthy stub's loop (a `Metric.set` waits for its answer
+    on a shared futex), and a GIL can be held by a thread that waits for a CPU: those wait. A loop
+    that waits for good on a lock or event of its own, with its threads not starved, is stuck
+    whatever the host's load."""
+    procs = {mode: _loop_process(mode) for mode in ("blocked", "gil-wait", "shared-wait")}
+    try:
+        sup = _supervisor()
+        sup.heartbeats = str(tmp_path)
+        time.sleep(0.5)
+        now = time.monotonic()
+        sup.late = {proc.pid: (now - 2.5, tid, stubs.cpu_demand(proc.pid, tid)) for proc, tid in procs.values()}
+        time.sleep(0.5)
+        now = time.monotonic()
+        _starved_host(sup, tmp_path, now)
+        why = {mode: sup._blocked(stubs.Stub(proc.pid, "m", "", None), 3.2, now) for mode, (proc, _) in procs.items()}
+        assert "its event loop's thread neither ran nor waited for a CPU" in why["blocked"], why
+        assert "waiting in a lock or event of its own process, with no timeout" in why["blocked"]
+        assert "the host is starved, but nothing outside the stub holds it" in why["blocked"]
+        assert why["gil-wait"] is None and why["shared-wait"] is None, why
+        # the loop thread not known: a starved host is reason enough to wait
+        blocked, _ = procs["blocked"]
+        sup.late[blocked.pid] = (now - 3.0, None, stubs.cpu_demand(blocked.pid))
+        assert sup._blocked(stubs.Stub(blocked.pid, "m", "", None), 3.2, now) is None
+        _quiet_host(sup, tmp_path, now)                  # with CPU to spare, the shared wait is stuck too
+        shared, tid = procs["shared-wait"]
+        assert "with CPU to spare" in sup._blocked(stubs.Stub(shared.pid, "m", "", None), 3.2, now)
+    finally:
+        for proc, _ in procs.values():
             proc.kill()
             proc.wait()
 

@@ -9,7 +9,9 @@ large free, so big buffers land in those heaps too). Unbounded, that resident se
 new peak of (concurrent syntheses x sentence length): 201 -> 1,237 MB over 640 requests of 16
 streams on 16 threads, in-process. So the voice runs its session without the arena and
 synthesises on its own `max_concurrent` threads, and a process that synthesises calls
-`omni_backend.glibc_heaps.bound_malloc_retention()` first; tests/unit/test_hibari_memory.py holds it.
+`omni_backend.glibc_heaps.bound_malloc_retention()` first (which also stops numpy asking for huge
+pages for its audio-sized arrays, which the kernel filled 2 MiB at a time in the heaps while the
+server was idle); tests/unit/test_hibari_memory.py holds it.
 """
 from __future__ import annotations
 
