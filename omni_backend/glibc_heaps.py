@@ -11,6 +11,8 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
+import os
+import sys
 import threading
 
 LARGE_BUFFER_BYTES = 4 << 20
@@ -22,6 +24,7 @@ _M_ARENA_MAX = -8
 # chunks, pinning heap pages (perf/RESULTS.md: +12.7 % over a 30-minute soak with it, see there
 # for the figure without). glibc offers no mallopt for it, so it is a start-up tunable only.
 THREAD_CACHE_CHUNKS = 0
+NUMPY_HUGEPAGE_ENV = "NUMPY_MADVISE_HUGEPAGE"
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -53,13 +56,20 @@ def bound_malloc_retention(large_buffer_bytes: int = LARGE_BUFFER_BYTES, heaps: 
 
 def keep_arrays_off_huge_pages() -> bool:
     """Stop numpy advising the kernel to back its arrays with 2 MiB pages (it does for every
-    array of 4 MiB and more: madvise MADV_HUGEPAGE; `NUMPY_MADVISE_HUGEPAGE=0` does the same at
-    import). An array that malloc carves out of a heap (from a free chunk large enough) marks that
-    stretch of the heap for the rest of the process, and the kernel's khugepaged then fills each
-    2 MiB there around any page still in use, also while the process is idle, undoing the trim:
-    the hibari synthesizer's kept memory rose 142 -> 157 MB over 20 minutes of a soak, in 2 MiB
-    steps, with no request in flight (perf/RESULTS.md). False where numpy is absent or has no
-    such switch."""
+    array of 4 MiB and more: madvise MADV_HUGEPAGE). An array that malloc carves out of a heap
+    (from a free chunk large enough) marks that stretch of the heap for the rest of the process,
+    and the kernel's khugepaged then fills each 2 MiB there around any page still in use, also
+    while the process is idle, undoing the trim: the hibari synthesizer's kept memory rose 142 ->
+    157 MB over 20 minutes of a soak, in 2 MiB steps, with no request in flight (perf/RESULTS.md).
+    Sets `NUMPY_MADVISE_HUGEPAGE=0` for a numpy imported later (and child processes), and turns
+    the advice off in one already imported; a caller's own `NUMPY_MADVISE_HUGEPAGE` wins. False
+    where the advice stays on."""
+    given = os.environ.get(NUMPY_HUGEPAGE_ENV)
+    if given is not None:
+        return given.strip() == "0"
+    os.environ[NUMPY_HUGEPAGE_ENV] = "0"
+    if "numpy" not in sys.modules:
+        return True
     try:
         from numpy._core import multiarray
     except ImportError:

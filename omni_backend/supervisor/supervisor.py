@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from omni_backend.glibc_heaps import bound_malloc_retention, freeze_loaded_objects, release_free_memory_every
 from omni_backend.supervisor import server_output, stubs
 from omni_backend.supervisor.cpu_pressure import CpuPressure
 from omni_backend.supervisor.options import SupervisorOptions
@@ -123,9 +124,15 @@ class Supervisor:
     # -- lifecycle
     async def run(self) -> int:
         self.heartbeats = tempfile.mkdtemp(prefix="omni-heartbeats-")
+        # it lives as long as the server: its pings' and probes' freed memory goes back too (its
+        # kept memory swung by up to 3 MB, 10 %, between the quiet points of a soak without it)
+        bound_malloc_retention()
+        freeze_loaded_objects()
+        trim = asyncio.ensure_future(release_free_memory_every())
         try:
             return await self._run()
         finally:
+            trim.cancel()
             shutil.rmtree(self.heartbeats, ignore_errors=True)
 
     async def _run(self) -> int:
