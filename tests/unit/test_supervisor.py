@@ -274,13 +274,18 @@ def _loop_process(mode: str) -> tuple[subprocess.Popen, int]:
     return proc, int(proc.stdout.readline())
 
 
-def _quiet_host(sup: Supervisor, tmp_path: Path, now: float) -> None:
+def _host(sup: Supervisor, tmp_path: Path, now: float, waited_us: int) -> None:
+    """The supervisor's PSI reads that some task waited `waited_us` of the last 3.5 s."""
     psi = tmp_path / "cpu"
     _psi(psi, 0)
     sup.pressure = CpuPressure(str(psi))
     sup.pressure.sample(now - 3.5)
-    _psi(psi, 100_000)
+    _psi(psi, waited_us)
     sup.pressure.sample(now)
+
+
+def _quiet_host(sup: Supervisor, tmp_path: Path, now: float) -> None:
+    _host(sup, tmp_path, now, 100_000)
 
 
 def test_a_loop_held_by_a_thread_that_keeps_the_gil_is_blocked_though_the_stub_is_busy(tmp_path):
@@ -315,12 +320,7 @@ def test_a_loop_held_by_a_thread_that_keeps_the_gil_is_blocked_though_the_stub_i
 
 
 def _starved_host(sup: Supervisor, tmp_path: Path, now: float) -> None:
-    psi = tmp_path / "cpu"
-    _psi(psi, 0)
-    sup.pressure = CpuPressure(str(psi))
-    sup.pressure.sample(now - 3.5)
-    _psi(psi, 3_400_000)
-    sup.pressure.sample(now)
+    _host(sup, tmp_path, now, 3_400_000)
 
 
 def _wait_of(pid: int, tid: int) -> stubs.ThreadWait | None:
