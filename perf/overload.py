@@ -59,7 +59,6 @@ from client.triton_stream import coded  # noqa: E402
 from omni_backend.errors import error_code  # noqa: E402
 from omni_backend.supervisor.cpu_pressure import STARVED_SHARE, CpuPressure  # noqa: E402
 from omni_backend.testing import busy_host  # noqa: E402
-from omni_backend.testing.busy_host import burners  # noqa: E402
 
 QWEN = "qwen3_tts_tiny_random"
 ORPHEUS = "orpheus_tiny_random"
@@ -289,7 +288,7 @@ def run_once(args, number: int) -> dict:
         shim.start(timeout_s=300)
         first_pid = server_pid(server)
         refs = served_alone(server.grpc_url, shim.url, args.bound_s)
-        procs = burners(args.burners)
+        procs = busy_host.burners(args.burners)
         time.sleep(1.0)
         stop = threading.Event()
         clients = [Client(server.grpc_url, shim.url, refs, stats, stop, args.bound_s, args.burst, seed=number * 1000 + i)

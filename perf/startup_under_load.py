@@ -27,7 +27,6 @@ sys.path.insert(0, str(ROOT))
 from client.triton_process import TritonProcess  # noqa: E402
 from omni_backend.supervisor import stubs  # noqa: E402
 from omni_backend.testing import busy_host  # noqa: E402
-from omni_backend.testing.busy_host import burners  # noqa: E402
 
 
 def _watch_stubs(server: TritonProcess, seen: set[int], stop: threading.Event) -> None:
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.starts} starts, {args.burners} busy processes on {os.cpu_count()} cores, "
           f"auto-completion {'on' if args.auto_complete else 'off'}", flush=True)
     print("start  ready s  stubs  start-up deaths  lock_exception")
-    procs = burners(args.burners)
+    procs = busy_host.burners(args.burners)
     failures = 0
     try:
         for n in range(1, args.starts + 1):
