@@ -114,7 +114,7 @@ class CpuDemand:
 
 
 def cpu_demand(pid: int, loop_tid: int | None = None) -> CpuDemand | None:
-    """The process's CPU demand, with its loop thread's (`loop_thread`) apart; None when it
+    """The process's CPU demand, with its loop thread's (`beat_thread`) apart; None when it
     cannot be read."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -124,9 +124,9 @@ def cpu_demand(pid: int, loop_tid: int | None = None) -> CpuDemand | None:
     loop = None
     read = 0
     for tid in tids:
-        fields = _read(f"/proc/{pid}/task/{tid}/schedstat").split()
-        if len(fields) >= 2:
-            ran, wait = int(fields[0]), int(fields[1])
+        demand = stub_process.thread_schedstat(pid, tid)
+        if demand is not None:
+            ran, wait = demand
             total += ran + wait
             waited += wait
             if loop_tid is not None and tid == str(loop_tid):
@@ -181,13 +181,20 @@ def reads_thread_waits() -> bool:
     return _SYSCALLS is not None and bool(_read(f"/proc/self/task/{threading.get_native_id()}/syscall"))
 
 
-def loop_thread(folder: str, stub: Stub) -> int | None:
-    """The id of the thread that runs the stub's event loop, as its heartbeat file says
-    (stub_process.start_heartbeat); None for a stub that beats from a thread, or before it said."""
+@dataclass(frozen=True)
+class BeatThread:
+    """The thread whose work the stub's heartbeat proves: its event loop's, or its batch worker's."""
+    tid: int
+    what: str   # "event loop", "batch worker"
+
+
+def beat_thread(folder: str, stub: Stub) -> BeatThread | None:
+    """The thread the stub's heartbeat file names (stub_process.start_heartbeat: `<tid> <what>`);
+    None before it said."""
     if not folder:
         return None
-    text = _read(os.path.join(folder, str(stub.pid))).strip()
-    return int(text) if text.isdigit() else None
+    tid, _, what = _read(os.path.join(folder, str(stub.pid))).decode(errors="replace").strip().partition(" ")
+    return BeatThread(int(tid), what or "event loop") if tid.isdigit() else None
 
 
 def since_boot() -> float:

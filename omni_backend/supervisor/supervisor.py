@@ -68,6 +68,10 @@ OLD_STUB_GRACE_S = 15.0
 LOST_STREAMS_ABORT_S = 1.5
 
 
+def _what_beats(thread: stubs.BeatThread | None) -> str:
+    return f"its {thread.what}" if thread else "its event loop"
+
+
 def _kill_server(proc: asyncio.subprocess.Process) -> None:
     """SIGKILL tritonserver and every stub in its process group (started in a session of its own)."""
     try:
@@ -115,8 +119,8 @@ class Supervisor:
         self.heartbeats = ""   # the folder stubs beat in (stub_process.start_heartbeat), made by run()
         self.starved = False   # every stub's heartbeat was old at the last check
         self.pressure = CpuPressure()
-        # pid -> (since, its loop thread, CPU demand then)
-        self.late: dict[int, tuple[float, int | None, stubs.CpuDemand | None]] = {}
+        # pid -> (since, the thread its beat proves (its loop's or worker's), CPU demand then)
+        self.late: dict[int, tuple[float, stubs.BeatThread | None, stubs.CpuDemand | None]] = {}
         self.stuck: set[int] = set()   # stubs found stuck by the stub check: killed, not asked
         self.told_late: set[int] = set()   # late stubs whose reprieve was logged (`_not_blocked`)
         self.crashed = False   # the running server said it crashed (server_output): it is being ended
@@ -343,10 +347,10 @@ class Supervisor:
             elif stubs.stopped(stub):
                 why = "is stopped"
             elif age is not None and age > self.opts.stalled_secs and freshest <= FRESH_BEAT_S:
-                why = f"has not run its event loop for {age:.1f} s (others beat {freshest:.1f} s ago)"
+                why = f"has not run {self._beating(stub)} for {age:.1f} s (others beat {freshest:.1f} s ago)"
             elif age is not None and age > self.opts.frozen_secs and freshest <= PROMPT_BEAT_S \
                     and (blocked := self._blocked(stub, age, now)):
-                why = f"has not run its event loop for {age:.1f} s, {blocked}"
+                why = f"has not run {self._beating(stub)} for {age:.1f} s, {blocked}"
                 self._found_stuck(stub)
             else:
                 if age is not None and age > slowest[0]:
@@ -366,8 +370,8 @@ class Supervisor:
                 if stub.pid in self.late:
                     late[stub.pid] = self.late[stub.pid]
                 else:
-                    tid = stubs.loop_thread(self.heartbeats, stub)
-                    late[stub.pid] = (now, tid, stubs.cpu_demand(stub.pid, tid))
+                    thread = stubs.beat_thread(self.heartbeats, stub)
+                    late[stub.pid] = (now, thread, stubs.cpu_demand(stub.pid, thread and thread.tid))
         self.late = late
         self.told_late &= late.keys()
 
@@ -383,13 +387,16 @@ class Supervisor:
         tritonserver (a `Metric.set`), so there it is stuck only when it waits, with no timeout,
         on nothing outside its own process (`stubs.thread_wait`: a lock or event of its own, a
         sleep). Where the loop's thread is not known, the host must have CPU to spare and none of
-        the stub's threads may have run or waited."""
-        since, tid, demand0 = self.late.get(stub.pid, (now, None, None))
+        the stub's threads may have run or waited. A batched stage beats while its worker thread
+        waits for work or works (stub_process.WorkWatch): the same rules judge that thread."""
+        since, thread, demand0 = self.late.get(stub.pid, (now, None, None))
+        tid = thread.tid if thread else None
+        runs = _what_beats(thread)
         window = now - since
         if demand0 is None or window < self.opts.frozen_secs - LATE_BEAT_S - TICK_S:
             return None
         if stubs.responses_stalled(self.heartbeats, stub, age):
-            return self._not_blocked(stub, age, "its loop runs but its responses do not leave")
+            return self._not_blocked(stub, age, f"{runs} runs but its responses do not leave")
         starved = self.pressure.starved(now - age)
         if starved and (demand0.loop_s is None or tid is None):
             return self._not_blocked(stub, age, self._starved_host(now - age))
@@ -405,19 +412,23 @@ class Supervisor:
         loop = demand.loop_s - demand0.loop_s
         waited = demand.waited_s - demand0.waited_s
         if loop > BLOCKED_DEMAND_SHARE * window:
-            return self._not_blocked(stub, age, f"its loop's thread ran or waited for a CPU ({loop:.2f} s in "
+            return self._not_blocked(stub, age, f"{runs}'s thread ran or waited for a CPU ({loop:.2f} s in "
                                                 f"{window:.1f} s)")
         if waited > STARVED_THREADS_SHARE * window:
             return self._not_blocked(stub, age, f"its threads waited for a CPU ({waited:.2f} s in {window:.1f} s)")
         wait = stubs.thread_wait(stub.pid, tid)
         if starved and not (wait and wait.own):
-            return self._not_blocked(stub, age, f"{self._starved_host(now - age)} and its loop's thread waits in "
+            return self._not_blocked(stub, age, f"{self._starved_host(now - age)} and {runs}'s thread waits in "
                                                 f"{wait.what if wait else 'what cannot be read'}")
-        return (f"and its event loop's thread neither ran nor waited for a CPU in the last {window:.1f} s "
+        return (f"and {runs}'s thread neither ran nor waited for a CPU in the last {window:.1f} s "
                 f"({loop * 1000:.0f} ms; its other threads ran {total - loop:.2f} s)"
                 + (f", waiting in {wait.what}" if wait else "")
                 + (" (the host is starved, but nothing outside the stub holds it)" if starved else
                    ", with CPU to spare"))
+
+    def _beating(self, stub: stubs.Stub) -> str:
+        """What the stub's heartbeat proves runs: its event loop, or its batch worker."""
+        return _what_beats(stubs.beat_thread(self.heartbeats, stub))
 
     def _starved_host(self, since: float) -> str:
         share = self.pressure.waiting_share(since)
@@ -427,8 +438,8 @@ class Supervisor:
         """Say once per late spell why a late stub is left to the `stalled_secs` rule."""
         if stub.pid not in self.told_late:
             self.told_late.add(stub.pid)
-            log.info("%s (pid %d) has not run its event loop for %.1f s, but %s: not stuck yet",
-                     stub.model, stub.pid, age, why)
+            log.info("%s (pid %d) has not run %s for %.1f s, but %s: not stuck yet",
+                     stub.model, stub.pid, self._beating(stub), age, why)
         return None
 
     def _found_stuck(self, stub: stubs.Stub) -> None:

@@ -41,7 +41,8 @@ class BatchedStage:
     def initialize(self, args: dict) -> None:
         stub_process.start_orphan_guard()
         stub_process.dump_stacks_on_signal()
-        stub_process.start_heartbeat()
+        self.work = stub_process.WorkWatch()   # the heartbeat stops while the worker sleeps mid-batch
+        stub_process.start_heartbeat(work=self.work)
         release_free_memory_in_background()   # batches of varying shapes: bounded heaps, trimmed
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
@@ -83,10 +84,14 @@ class BatchedStage:
 
     def _serve(self) -> None:
         """The worker: everything queued so far (up to the model's max_batch_size) is one round."""
+        work = self.work
         while True:
+            work.enter(work.WAITING)
             first = self._pending.get()
             if first is None:
+                work.enter(work.DONE)
                 return
+            work.enter(work.WORKING)
             requests = [first]
             while len(requests) < self.max_batch:
                 try:
@@ -101,6 +106,7 @@ class BatchedStage:
                 responses = self.answer(requests)
             except Exception as e:  # noqa: BLE001 - the worker must live on: these requests fail
                 responses = [self._error_response(e) for _ in requests]
+            work.enter(work.SENDING)   # a send may wait on tritonserver
             for request, response in zip(requests, responses):
                 try:
                     request.get_response_sender().send(

@@ -16,9 +16,10 @@ stderr (the server log) from faulthandler's C handler, which needs no GIL: the s
 to the stubs of a start-up that hangs before it kills them, so what held them is on record.
 
 `start_heartbeat`: under the supervisor (which sets `OMNI_HEARTBEAT_DIR`), the stub touches the
-file `<dir>/<pid>` twice a second from its event loop (or a thread, for a model without one); the
-file holds the loop's thread id, whose CPU time the supervisor reads to tell a blocked loop from a
-starved one (`omni_backend.supervisor.stubs.cpu_demand`). A
+file `<dir>/<pid>` twice a second from its event loop (or, for a model without one, from a thread
+that watches the thread doing its work: `WorkWatch`); the file holds the id of the loop's (or
+worker's) thread, whose CPU time the supervisor reads to tell a blocked thread from a starved one
+(`omni_backend.supervisor.stubs.cpu_demand`). A
 ping through Triton waits in the model's queue behind every request and so cannot tell a stuck
 stub from an overloaded one; a heartbeat that stops while the process lives can. The beat also
 stops while the stub's responses have waited STALL_REPORT_S with none leaving (`stalled`, the
@@ -98,6 +99,62 @@ STALL_REPORT_S = 10.0   # well under the supervisor's stalled_secs (20 s), over 
 RESPONSES_STALLED_SUFFIX = ".responses-stalled"
 
 
+def thread_schedstat(pid: int, tid: int | str) -> tuple[int, int] | None:
+    """Nanoseconds a thread has run, and waited in the run queue for a CPU (the first two fields
+    of /proc/<pid>/task/<tid>/schedstat); None when it is gone or the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+            fields = f.read().split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class WorkWatch:
+    """The one thread a model without an event loop does its work on (a batched stage's worker),
+    as its heartbeat sees it. The beat goes on while that thread waits for work, while it works
+    and uses or waits for a CPU, and while a response it sends has waited less than
+    STALL_REPORT_S (then `<pid>.responses-stalled` is touched instead, as for a loop's stalled
+    responses: a send can wait on a busy tritonserver). It stops while the thread sleeps in the
+    middle of its work: a deadlock, or a call that never returns, which a beat from a thread of
+    its own would hide (a worker blocked for good was noticed only when pings had failed for
+    `unresponsive_secs`, 120 s). A long computation keeps it beating."""
+    WAITING, WORKING, SENDING, DONE = "waiting for work", "working", "sending", "done"
+    # working, it beats when its thread's run + run-queue time grew by this share of the time
+    # since the last look: a thread waiting for the GIL wakes every 5 ms for microseconds
+    WORKING_SHARE = 0.05
+
+    def __init__(self, name: str = "batch worker") -> None:
+        self.name = name
+        self.thread_id: int | None = None
+        self._phase, self._since = self.WAITING, time.monotonic()
+        self._seen: tuple[float, int] | None = None   # (when, run + wait ns) at the last look
+
+    def enter(self, phase: str) -> None:
+        """Called by the worker thread as it moves to `phase`."""
+        self.thread_id = threading.get_native_id()
+        self._phase, self._since = phase, time.monotonic()
+
+    def beat(self) -> str | None:
+        """"beat", "stalled" (its send has waited STALL_REPORT_S), "done" (the worker ended: so
+        does the heartbeat), or None (it sleeps in its work)."""
+        phase, since, tid = self._phase, self._since, self.thread_id
+        if phase == self.DONE:
+            return "done"
+        now = time.monotonic()
+        if phase == self.SENDING:
+            return "beat" if now - since < STALL_REPORT_S else "stalled"
+        if phase == self.WAITING or tid is None:
+            return "beat"
+        demand = thread_schedstat(os.getpid(), tid)
+        if demand is None:
+            return "beat"   # nothing to tell a blocked thread by
+        seen, self._seen = self._seen, (now, sum(demand))
+        if seen is None or seen[0] < since:
+            return "beat"   # the first look at this piece of work
+        return "beat" if sum(demand) - seen[1] > self.WORKING_SHARE * (now - seen[0]) * 1e9 else None
+
+
 def _beat(path: Path) -> None:
     try:
         path.touch()
@@ -106,9 +163,10 @@ def _beat(path: Path) -> None:
 
 
 def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
-                    stalled: Callable[[], float] | None = None) -> None:
-    """Beat from `loop` (proving the loop runs) or, without one, from a thread of its own;
-    `stalled()` says how long the stub's responses have waited with none leaving."""
+                    stalled: Callable[[], float] | None = None, work: WorkWatch | None = None) -> None:
+    """Beat from `loop` (proving the loop runs) or, without one, from a thread of its own, which
+    beats while `work` says its worker thread is well; `stalled()` says how long the stub's
+    responses have waited with none leaving."""
     folder = os.environ.get(HEARTBEAT_ENV)
     if not folder:
         return
@@ -121,10 +179,7 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
         responses_stalled = stalled or (lambda: 0.0)
 
         def name_loop_thread() -> None:   # the first beat says which thread runs the loop
-            try:
-                path.write_text(str(threading.get_native_id()))
-            except OSError:
-                pass
+            _name_thread(path, threading.get_native_id(), "event loop")
 
         def tick() -> None:
             if _watching_loop:   # the stacks of a loop that stops ticking, once, STALL_REPORT_S on
@@ -141,10 +196,28 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
         return
 
     def run() -> None:
+        named = None
         while True:
-            _beat(path)
+            if work is not None and work.thread_id != named:
+                named = work.thread_id
+                _name_thread(path, named, work.name)
+            state = "beat" if work is None else work.beat()
+            if state == "beat":
+                _beat(path)
+            elif state == "stalled":
+                _beat(responses_path)
+            elif state == "done":
+                return
             threading.Event().wait(HEARTBEAT_S)
     threading.Thread(target=run, name="heartbeat", daemon=True).start()
+
+
+def _name_thread(path: Path, tid: int, what: str) -> None:
+    """Write the beating thread's id and what it runs into the heartbeat file (stubs.beat_thread)."""
+    try:
+        path.write_text(f"{tid} {what}")
+    except OSError:
+        pass
 
 
 def stop_loop_watch() -> None:

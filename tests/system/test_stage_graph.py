@@ -269,6 +269,17 @@ def _serves_again_without(server: TritonProcess, stuck: stubs.Stub) -> None:
     np.testing.assert_array_equal(np.concatenate(res.chunks), expected_audio("the writer is back", 1.0))
 
 
+def _ended_unavailable(server: TritonProcess, stage: str, hooks: dict, audio_only: bool = False) -> float:
+    """Stream a long text with a test hook: it must end with `unavailable:` naming `stage`. The
+    seconds from its last part (with `audio_only`, its last audio) to that end."""
+    last = time.monotonic()
+    with pytest.raises(TritonStreamError, match=rf"^unavailable: .*{PIPELINE}__{stage}"):
+        for part in stream_parts(server.grpc_url, PIPELINE, "a long text " * 40, hooks, timeout_s=60):
+            if not audio_only or (part.audio is not None and part.audio.size):
+                last = time.monotonic()
+    return time.monotonic() - last
+
+
 def test_a_stage_whose_responses_stop_leaving_is_noticed_and_reloaded(tmp_path):
     """The writer's response thread blocks for good (tests/toy_family: `stall_responses_after`)
     while its event loop keeps running, so nothing it answers leaves. Its heartbeat stops once
@@ -281,10 +292,7 @@ def test_a_stage_whose_responses_stop_leaving_is_noticed_and_reloaded(tmp_path):
     try:
         writer = _stubs_of(server, f"{PIPELINE}__writer")
         t0 = time.monotonic()
-        with pytest.raises(TritonStreamError, match=rf"^unavailable: .*{PIPELINE}__writer"):
-            for _ in stream_parts(server.grpc_url, PIPELINE, "a long text " * 40, {"stall_responses_after": 2},
-                                  timeout_s=60):
-                pass
+        _ended_unavailable(server, "writer", {"stall_responses_after": 2})
         assert time.monotonic() - t0 < STALL_REPORT_S + SupervisorOptions().stalled_secs + 10.0
         _serves_again_without(server, writer[0])
     finally:
@@ -306,16 +314,32 @@ def test_a_stage_whose_event_loop_blocks_is_noticed_and_its_streams_end_within_5
     server = _started_toy_server(tmp_path / "toy_repo")
     try:
         writer = _stubs_of(server, f"{PIPELINE}__writer")
-        last_part = time.monotonic()
-        with pytest.raises(TritonStreamError, match=rf"^unavailable: .*{PIPELINE}__writer"):
-            for _ in stream_parts(server.grpc_url, PIPELINE, "a long text " * 40, {hook: 2}, timeout_s=60):
-                last_part = time.monotonic()
-        ended_after = time.monotonic() - last_part
+        ended_after = _ended_unavailable(server, "writer", {hook: 2})
         log = server.log_text()
         assert ended_after < 5.0, log[-3000:]
         assert "its event loop's thread neither ran nor waited for a CPU" in log, log[-3000:]
         assert re.search(held_by, log), log[-3000:]
         _serves_again_without(server, writer[0])
+    finally:
+        server.stop()
+
+
+def test_a_batched_stage_whose_worker_blocks_is_noticed_and_its_streams_end_within_5_s(tmp_path):
+    """Render's batch worker blocks for good in its batch (tests/toy_family: `block_render_after`,
+    as in a deadlock in a codec): its heartbeat, beaten from a thread of its own, stops because the
+    worker sleeps mid-batch (stub_process.WorkWatch), and the supervisor reads the worker's thread
+    as it reads a loop's: the stream ends with `unavailable:` naming render within 5 s of the
+    blocked call's last audio, and the pipeline serves again, exactly. (Before, only the failing
+    pings told, after `unresponsive_secs`: 120 s.)"""
+    server = _started_toy_server(tmp_path / "toy_repo")
+    try:
+        render = _stubs_of(server, f"{PIPELINE}__render")
+        ended_after = _ended_unavailable(server, "render", {"block_render_after": 3}, audio_only=True)
+        log = server.log_text()
+        assert ended_after < 5.0, log[-3000:]
+        assert "its batch worker's thread neither ran nor waited for a CPU" in log, log[-3000:]
+        assert re.search(r'toy_family/stages\.py", line \d+ in run_batch', log), log[-3000:]
+        _serves_again_without(server, render[0])
     finally:
         server.stop()
 
@@ -332,12 +356,7 @@ def test_a_stage_whose_event_loop_blocks_on_a_starved_host_is_noticed_within_5_s
         log_start = len(server.log_text())
         with busy_host.starved(per_core=8):
             time.sleep(1.0)                               # the host's pressure is up before the loop blocks
-            last_part = time.monotonic()
-            with pytest.raises(TritonStreamError, match=rf"^unavailable: .*{PIPELINE}__writer"):
-                for _ in stream_parts(server.grpc_url, PIPELINE, "a long text " * 40, {"block_loop_after": 2},
-                                      timeout_s=60):
-                    last_part = time.monotonic()
-            ended_after = time.monotonic() - last_part
+            ended_after = _ended_unavailable(server, "writer", {"block_loop_after": 2})
         log = server.log_text()[log_start:]
         assert ended_after < 5.0, log[-3000:]
         assert "waiting in a lock or event of its own process, with no timeout" in log, log[-3000:]

@@ -24,6 +24,8 @@ class ToyAdapter(TTSAdapter):
         Param("hog_gil_after", int, default=0, lo=0, hi=1000,
               help="test hook: a thread of the writer holds the GIL for good after this many pieces"
                    " (0: never)"),
+        Param("block_render_after", int, default=0, lo=0, hi=1000,
+              help="test hook: render's batch worker blocks for good at this piece (0: never)"),
     )
 
     def skipped_stages(self, request: dict[str, Any]) -> frozenset[int]:

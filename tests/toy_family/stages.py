@@ -60,5 +60,7 @@ class Render(BatchedStage):
         return inputs["FRAMES"].shape[1:]
 
     def run_batch(self, batch: list[Inputs]) -> list[dict[str, np.ndarray]]:
+        if any((b["GAIN"] < 0).any() for b in batch):   # RenderEach's `block_render_after` hook
+            threading.Event().wait()   # the batch worker blocks, as a deadlock would
         return [{"AUDIO": np.stack([audio_of(f, float(g.reshape(-1)[0]))
                                     for f, g in zip(b["FRAMES"], b["GAIN"])])} for b in batch]

@@ -21,5 +21,9 @@ class RenderEach(Transfer):
     async def run(self, request: dict[str, Any], sources: dict[int, AsyncIterator[Outputs]],
                   stage: StageCall) -> AsyncIterator[Outputs]:
         gain = np.array([[request["gain"]]], dtype=np.float32)
+        n = 0
         async for out in sources[1]:
-            yield await stage.call({"FRAMES": out["FRAMES"][None], "GAIN": gain})
+            n += 1
+            # the test hook `block_render_after`: a gain no client can ask for (they are >= 0)
+            hook = n == request["block_render_after"] > 0
+            yield await stage.call({"FRAMES": out["FRAMES"][None], "GAIN": -gain - 1 if hook else gain})

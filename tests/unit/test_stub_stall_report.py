@@ -4,8 +4,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import queue
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -62,7 +64,7 @@ def test_responses_that_never_leave_stop_the_heartbeat_and_are_reported(tmp_path
         stub_process.start_heartbeat(loop, lambda: stalled[0])
         time.sleep(1.0)
         assert time.time() - beat.stat().st_mtime < 0.8          # beating
-        assert beat.read_text() == str(runner.native_id)          # it names the loop's thread
+        assert beat.read_text() == f"{runner.native_id} event loop"   # it names the loop's thread
         stalled[0] = 1.5                                          # responses stuck past the bound
         time.sleep(2.0)
         assert time.time() - beat.stat().st_mtime > 1.2          # the beat stopped, the loop still ticks
@@ -77,3 +79,62 @@ def test_responses_that_never_leave_stop_the_heartbeat_and_are_reported(tmp_path
         loop.call_soon_threadsafe(loop.stop)
         runner.join(5)
         loop.close()
+
+
+def test_a_batch_worker_beats_while_it_waits_or_works_and_stops_while_it_sleeps_mid_batch(tmp_path, monkeypatch):
+    """A model without an event loop beats from a thread of its own, which watches its worker
+    (stub_process.WorkWatch): a worker blocked in its batch (a deadlock) stops the beat, one that
+    computes does not, and a send that never returns marks its responses stalled."""
+    monkeypatch.setenv(stub_process.HEARTBEAT_ENV, str(tmp_path))
+    monkeypatch.setattr(stub_process, "STALL_REPORT_S", 1.5)
+    work = stub_process.WorkWatch()
+    phase: queue.SimpleQueue = queue.SimpleQueue()
+    release = threading.Event()
+
+    def worker() -> None:
+        while True:
+            work.enter(work.WAITING)
+            what = phase.get()
+            if what is None:
+                work.enter(work.DONE)                     # the heartbeat's thread ends too
+                return
+            work.enter(what)
+            if what == work.WORKING:
+                end = time.monotonic() + 2.0
+                while time.monotonic() < end and not release.is_set():
+                    pass                                  # computing
+            release.wait()                                # then blocked (or a send that waits)
+            release.clear()
+
+    runner = threading.Thread(target=worker, daemon=True)
+    runner.start()
+    beat = tmp_path / str(os.getpid())
+    stalled = tmp_path / f"{os.getpid()}{stub_process.RESPONSES_STALLED_SUFFIX}"
+
+    def age(path: Path) -> float:
+        return time.time() - path.stat().st_mtime if path.exists() else float("inf")
+
+    stub_process.start_heartbeat(work=work)
+    try:
+        time.sleep(1.5)
+        assert age(beat) < 0.8                                    # waiting for work: beating
+        assert beat.read_text() == f"{runner.native_id} batch worker"
+        phase.put(work.WORKING)
+        time.sleep(1.8)
+        assert age(beat) < 0.8                                    # computing: beating
+        time.sleep(2.2)
+        assert age(beat) > 1.5                                    # blocked mid-batch: silent
+        release.set()
+        time.sleep(1.0)
+        assert age(beat) < 0.8                                    # waiting for work again
+        phase.put(work.SENDING)
+        time.sleep(1.0)
+        assert age(beat) < 0.8 and age(stalled) == float("inf")  # a send may wait a while
+        time.sleep(1.5)
+        assert age(beat) > 1.0 and age(stalled) < 0.8            # then its responses are stalled
+    finally:
+        release.set()
+        phase.put(None)
+        runner.join(5)
+    time.sleep(1.0)
+    assert not [t for t in threading.enumerate() if t.name == "heartbeat"]

@@ -92,6 +92,10 @@ def test_only_unmapped_old_regions_are_removed():
                 path.unlink(missing_ok=True)
 
 
+def _loop(tid: int) -> stubs.BeatThread:
+    return stubs.BeatThread(tid, "event loop")
+
+
 def _supervisor(**opts) -> Supervisor:
     return Supervisor(parse(["--model-repository=/r", *[f"--supervisor-{k}={v}" for k, v in opts.items()]]))
 
@@ -300,8 +304,8 @@ def test_a_loop_held_by_a_thread_that_keeps_the_gil_is_blocked_though_the_stub_i
         now = time.monotonic()
         _quiet_host(sup, tmp_path, now)
         held, busy = stubs.Stub(hog.pid, "m", "", None), stubs.Stub(spinning.pid, "m", "", None)
-        sup.late = {held.pid: (now - 2.5, hog_loop, stubs.cpu_demand(hog.pid, hog_loop)),
-                    busy.pid: (now - 2.5, spinning_loop, stubs.cpu_demand(spinning.pid, spinning_loop))}
+        sup.late = {held.pid: (now - 2.5, _loop(hog_loop), stubs.cpu_demand(hog.pid, hog_loop)),
+                    busy.pid: (now - 2.5, _loop(spinning_loop), stubs.cpu_demand(spinning.pid, spinning_loop))}
         time.sleep(1.0)
         now = time.monotonic()
         why = sup._blocked(held, 3.2, now)
@@ -372,7 +376,7 @@ def test_on_a_starved_host_a_loop_is_blocked_only_when_nothing_outside_the_stub_
         sup.heartbeats = str(tmp_path)
         time.sleep(0.5)
         now = time.monotonic()
-        sup.late = {proc.pid: (now - 2.5, tid, stubs.cpu_demand(proc.pid, tid)) for proc, tid in procs.values()}
+        sup.late = {proc.pid: (now - 2.5, _loop(tid), stubs.cpu_demand(proc.pid, tid)) for proc, tid in procs.values()}
         time.sleep(0.5)
         now = time.monotonic()
         _starved_host(sup, tmp_path, now)
@@ -400,7 +404,7 @@ def test_a_loop_waiting_while_its_threads_wait_for_a_cpu_is_starved_not_blocked(
     now = time.monotonic()
     _quiet_host(sup, tmp_path, now)
     stub = stubs.Stub(os.getpid(), "m", "", None)
-    sup.late = {stub.pid: (now - 2.5, 7, stubs.CpuDemand(10.0, 1.0, 2.0))}
+    sup.late = {stub.pid: (now - 2.5, _loop(7), stubs.CpuDemand(10.0, 1.0, 2.0))}
     # the loop thread slept; another thread waited 2 of the 2.5 s for a CPU (holding the GIL)
     monkeypatch.setattr(stubs, "cpu_demand", lambda pid, tid=None: stubs.CpuDemand(12.1, 3.0, 2.01))
     assert sup._blocked(stub, 3.2, now) is None
@@ -408,13 +412,15 @@ def test_a_loop_waiting_while_its_threads_wait_for_a_cpu_is_starved_not_blocked(
     assert "neither ran nor waited" in sup._blocked(stub, 3.2, now)
 
 
-def test_the_loop_thread_is_read_from_the_heartbeat(tmp_path):
+def test_the_beating_thread_is_read_from_the_heartbeat(tmp_path):
     stub = stubs.Stub(os.getpid(), "m", "", None)
-    assert stubs.loop_thread(str(tmp_path), stub) is None
-    (tmp_path / str(stub.pid)).touch()                   # a stub that beats from a thread
-    assert stubs.loop_thread(str(tmp_path), stub) is None
-    (tmp_path / str(stub.pid)).write_text("4242")
-    assert stubs.loop_thread(str(tmp_path), stub) == 4242
+    assert stubs.beat_thread(str(tmp_path), stub) is None
+    (tmp_path / str(stub.pid)).touch()                   # before the stub said
+    assert stubs.beat_thread(str(tmp_path), stub) is None
+    (tmp_path / str(stub.pid)).write_text("4242 event loop")
+    assert stubs.beat_thread(str(tmp_path), stub) == stubs.BeatThread(4242, "event loop")
+    (tmp_path / str(stub.pid)).write_text("4243 batch worker")
+    assert stubs.beat_thread(str(tmp_path), stub) == stubs.BeatThread(4243, "batch worker")
     demand = stubs.cpu_demand(os.getpid(), threading.get_native_id())
     assert demand is not None and demand.loop_s is not None and 0 < demand.loop_s <= demand.total_s
     assert stubs.cpu_demand(os.getpid(), 1).loop_s is None   # no such thread in this process
