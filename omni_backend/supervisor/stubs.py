@@ -111,6 +111,7 @@ class CpuDemand:
     total_s: float         # every thread's run + run-queue wait
     waited_s: float        # every thread's run-queue wait alone
     loop_s: float | None   # the event loop's thread's run + wait (None: not known or gone)
+    loop_ran_s: float | None = None   # ... its run alone
 
 
 def cpu_demand(pid: int, loop_tid: int | None = None) -> CpuDemand | None:
@@ -121,7 +122,7 @@ def cpu_demand(pid: int, loop_tid: int | None = None) -> CpuDemand | None:
     except OSError:
         return None
     total = waited = 0
-    loop = None
+    loop = loop_ran = None
     read = 0
     for tid in tids:
         demand = stub_process.thread_schedstat(pid, tid)
@@ -130,9 +131,9 @@ def cpu_demand(pid: int, loop_tid: int | None = None) -> CpuDemand | None:
             total += ran + wait
             waited += wait
             if loop_tid is not None and tid == str(loop_tid):
-                loop = (ran + wait) / 1e9
+                loop, loop_ran = (ran + wait) / 1e9, ran / 1e9
             read += 1
-    return CpuDemand(total / 1e9, waited / 1e9, loop) if read else None
+    return CpuDemand(total / 1e9, waited / 1e9, loop, loop_ran) if read else None
 
 
 # System call numbers (they differ by architecture) of the waits `thread_wait` tells apart.
@@ -194,7 +195,7 @@ def beat_thread(folder: str, stub: Stub) -> BeatThread | None:
     if not folder:
         return None
     tid, _, what = _read(os.path.join(folder, str(stub.pid))).decode(errors="replace").strip().partition(" ")
-    return BeatThread(int(tid), what or "event loop") if tid.isdigit() else None
+    return BeatThread(int(tid), what or stub_process.EVENT_LOOP) if tid.isdigit() else None
 
 
 def since_boot() -> float:

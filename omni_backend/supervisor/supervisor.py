@@ -53,6 +53,11 @@ LATE_BEAT_S = 1.0
 # CPU less than this share of the window (a thread waiting for the GIL wakes every 5 ms for
 # microseconds; a blocked stub's helper threads a few times a second).
 BLOCKED_DEMAND_SHARE = 0.05
+# Spinning: its event loop's thread ran (not waited) at least this share of the window without
+# coming back to its loop, on a host with CPU to spare. The project computes off its loops (engine
+# threads, executors, batch workers), so a loop step that long is one that does not end; a batch
+# worker's long computation is its work, and is never judged by this.
+SPINNING_SHARE = 0.5
 # ... and its threads together waited for a CPU less than this share: a loop waiting for the GIL
 # while its holder waits for a CPU is starved, not stuck.
 STARVED_THREADS_SHARE = 0.5
@@ -69,7 +74,7 @@ LOST_STREAMS_ABORT_S = 1.5
 
 
 def _what_beats(thread: stubs.BeatThread | None) -> str:
-    return f"its {thread.what}" if thread else "its event loop"
+    return f"its {thread.what if thread else stub_process.EVENT_LOOP}"
 
 
 def _kill_server(proc: asyncio.subprocess.Process) -> None:
@@ -379,16 +384,18 @@ class Supervisor:
         """Why a stub whose loop has not run for `age` s is stuck already, or None. Blocked: the
         thread that runs its event loop neither ran nor waited for a CPU since its beat went late
         (a deadlock, a loop blocked on a lock or a call that never returns, or waiting for a GIL
-        that another thread holds without end), and the stub's threads were not starved. A
-        starved loop waits for a CPU; a busy one (a long computation on the loop) uses one; a loop
-        waiting for the GIL whose holder waits for a CPU sleeps, but its threads are starved: those
-        are left to the `stalled_secs` rule. So is a loop that runs while its responses do not
+        that another thread holds without end), and the stub's threads were not starved. Spinning:
+        on a host with CPU to spare, its loop's thread ran most of the window (a step that does not
+        end: SPINNING_SHARE). A starved loop waits for a CPU; a busy one on a starved host uses one
+        as a starved step would; a loop waiting for the GIL whose holder waits for a CPU sleeps,
+        but its threads are starved: those are left to the `stalled_secs` rule. So is a loop that runs while its responses do not
         leave (they can wait on a busy tritonserver). On a starved host a loop may also sleep on
         tritonserver (a `Metric.set`), so there it is stuck only when it waits, with no timeout,
         on nothing outside its own process (`stubs.thread_wait`: a lock or event of its own, a
         sleep). Where the loop's thread is not known, the host must have CPU to spare and none of
         the stub's threads may have run or waited. A batched stage beats while its worker thread
-        waits for work or works (stub_process.WorkWatch): the same rules judge that thread."""
+        waits for work or works (stub_process.WorkWatch): the same rules judge that thread, but
+        for spinning (a long batch is its work)."""
         since, thread, demand0 = self.late.get(stub.pid, (now, None, None))
         tid = thread.tid if thread else None
         runs = _what_beats(thread)
@@ -412,6 +419,10 @@ class Supervisor:
         loop = demand.loop_s - demand0.loop_s
         waited = demand.waited_s - demand0.waited_s
         if loop > BLOCKED_DEMAND_SHARE * window:
+            ran = (demand.loop_ran_s or 0.0) - (demand0.loop_ran_s or 0.0)
+            if thread and thread.what == stub_process.EVENT_LOOP and not starved and ran > SPINNING_SHARE * window:
+                return (f"and {runs}'s thread ran {ran:.2f} s of the last {window:.1f} s without coming back to "
+                        f"its loop (a step that does not end), with CPU to spare")
             return self._not_blocked(stub, age, f"{runs}'s thread ran or waited for a CPU ({loop:.2f} s in "
                                                 f"{window:.1f} s)")
         if waited > STARVED_THREADS_SHARE * window:

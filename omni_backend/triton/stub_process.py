@@ -93,6 +93,7 @@ def dump_stacks_on_signal() -> None:
 
 
 HEARTBEAT_ENV = "OMNI_HEARTBEAT_DIR"
+EVENT_LOOP = "event loop"   # what the heartbeat file says beats, for a model with a loop
 HEARTBEAT_S = 0.5
 STALL_REPORT_S = 10.0   # well under the supervisor's stalled_secs (20 s), over a busy host's hiccups
 # beside `<pid>`: touched instead of it while the loop ticks but its responses have stalled
@@ -179,7 +180,7 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
         responses_stalled = stalled or (lambda: 0.0)
 
         def name_loop_thread() -> None:   # the first beat says which thread runs the loop
-            _name_thread(path, threading.get_native_id(), "event loop")
+            _name_thread(path, threading.get_native_id(), EVENT_LOOP)
 
         def tick() -> None:
             if _watching_loop:   # the stacks of a loop that stops ticking, once, STALL_REPORT_S on

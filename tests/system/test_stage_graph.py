@@ -299,25 +299,29 @@ def test_a_stage_whose_responses_stop_leaving_is_noticed_and_reloaded(tmp_path):
         server.stop()
 
 
-@pytest.mark.parametrize("hook, held_by", [
-    ("block_loop_after", r'toy_family/stages\.py", line \d+ in generate'),
-    ("hog_gil_after", r'toy_family/stages\.py", line \d+ in _hog_gil'),
+@pytest.mark.parametrize("hook, verdict, held_by", [
+    ("block_loop_after", "its event loop's thread neither ran nor waited for a CPU",
+     r'toy_family/stages\.py", line \d+ in generate'),
+    ("hog_gil_after", "its event loop's thread neither ran nor waited for a CPU",
+     r'toy_family/stages\.py", line \d+ in _hog_gil'),
+    ("spin_loop_after", "without coming back to its loop", r'toy_family/stages\.py", line \d+ in generate'),
 ])
-def test_a_stage_whose_event_loop_blocks_is_noticed_and_its_streams_end_within_5_s(tmp_path, hook, held_by):
+def test_a_stage_whose_event_loop_blocks_is_noticed_and_its_streams_end_within_5_s(tmp_path, hook, verdict, held_by):
     """The writer's event loop blocks for good (tests/toy_family: `block_loop_after`, as in a
     deadlock), or waits for good for the GIL that another of its threads holds while it runs
     (`hog_gil_after`: the stub uses a CPU, its loop does not): its heartbeat stops, its loop's
-    thread neither runs nor waits for a CPU, and the host has CPU to spare, so the supervisor does
-    not wait `stalled_secs` (supervisor.py `_blocked`): the stream ends with `unavailable:` naming
-    the writer within 5 s of its last part, the writer's stacks are in the log (what held it
-    named), and the pipeline serves again, exactly."""
+    thread neither runs nor waits for a CPU; or one step of the loop runs without end
+    (`spin_loop_after`: the loop's thread runs, the loop never ticks). The host has CPU to spare,
+    so the supervisor does not wait `stalled_secs` (supervisor.py `_blocked`): the stream ends
+    with `unavailable:` naming the writer within 5 s of its last part, the writer's stacks are in
+    the log (what held it named), and the pipeline serves again, exactly."""
     server = _started_toy_server(tmp_path / "toy_repo")
     try:
         writer = _stubs_of(server, f"{PIPELINE}__writer")
         ended_after = _ended_unavailable(server, "writer", {hook: 2})
         log = server.log_text()
         assert ended_after < 5.0, log[-3000:]
-        assert "its event loop's thread neither ran nor waited for a CPU" in log, log[-3000:]
+        assert verdict in log, log[-3000:]
         assert re.search(held_by, log), log[-3000:]
         _serves_again_without(server, writer[0])
     finally:

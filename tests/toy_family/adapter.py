@@ -24,6 +24,9 @@ class ToyAdapter(TTSAdapter):
         Param("hog_gil_after", int, default=0, lo=0, hi=1000,
               help="test hook: a thread of the writer holds the GIL for good after this many pieces"
                    " (0: never)"),
+        Param("spin_loop_after", int, default=0, lo=0, hi=1000,
+              help="test hook: the writer's event loop runs one step without end after this many pieces"
+                   " (0: never)"),
         Param("block_render_after", int, default=0, lo=0, hi=1000,
               help="test hook: render's batch worker blocks for good at this piece (0: never)"),
     )

@@ -43,6 +43,9 @@ class Writer(StageModel):
                 self.responses.send(_StuckSender(), None, 0)
             if n == request["block_loop_after"] > 0:
                 threading.Event().wait()   # blocks the stub's event loop, as a deadlock would
+            if n == request["spin_loop_after"] > 0:
+                while True:   # a step that never ends: the loop's thread runs, the loop never ticks
+                    pass
             if n == request["hog_gil_after"] > 0:
                 threading.Thread(target=_hog_gil, name="gil-hog", daemon=True).start()
             yield [pb_utils.Tensor("TOKENS", tokens[i:i + PIECE]),

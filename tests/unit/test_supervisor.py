@@ -294,33 +294,57 @@ def _quiet_host(sup: Supervisor, tmp_path: Path, now: float) -> None:
 
 def test_a_loop_held_by_a_thread_that_keeps_the_gil_is_blocked_though_the_stub_is_busy(tmp_path):
     """The loop's thread waits for the GIL (or a lock) while another thread runs: the stub uses
-    a CPU, but its loop does not, and never will; one whose loop thread spins is busy instead."""
+    a CPU, but its loop does not, and never will."""
     hog, hog_loop = _loop_process("gil-hog")
-    spinning, spinning_loop = _loop_process("spinning-loop")
     try:
         sup = _supervisor()
         sup.heartbeats = str(tmp_path)
         time.sleep(0.5)                                  # the hog is in its regular expression
         now = time.monotonic()
         _quiet_host(sup, tmp_path, now)
-        held, busy = stubs.Stub(hog.pid, "m", "", None), stubs.Stub(spinning.pid, "m", "", None)
-        sup.late = {held.pid: (now - 2.5, _loop(hog_loop), stubs.cpu_demand(hog.pid, hog_loop)),
-                    busy.pid: (now - 2.5, _loop(spinning_loop), stubs.cpu_demand(spinning.pid, spinning_loop))}
+        held = stubs.Stub(hog.pid, "m", "", None)
+        sup.late = {held.pid: (now - 2.5, _loop(hog_loop), stubs.cpu_demand(hog.pid, hog_loop))}
         time.sleep(1.0)
         now = time.monotonic()
         why = sup._blocked(held, 3.2, now)
         assert why and "its event loop's thread neither ran nor waited for a CPU" in why, why
         ran = float(why.split("its other threads ran ")[1].split(" s")[0])
         assert ran > 0.3                                 # the hog ran all along (the host is not idle)
-        assert sup._blocked(busy, 3.2, now) is None      # its loop's thread runs
         # the same stub seen as a whole (its loop thread not known) is busy, not blocked
         sup.late[held.pid] = (now - 3.5, None, stubs.cpu_demand(hog.pid))
         time.sleep(0.5)
         assert sup._blocked(held, 3.2, time.monotonic()) is None
     finally:
-        for proc in (hog, spinning):
-            proc.kill()
-            proc.wait()
+        hog.kill()
+        hog.wait()
+
+
+def test_a_loop_whose_thread_spins_is_stuck_with_cpu_to_spare_and_a_batch_worker_that_runs_is_at_work(tmp_path):
+    """A loop step that runs on without end (the loop's thread runs, the loop never ticks) is
+    stuck on a host with CPU to spare; on a starved host it is left to the 20 s rule (a starved
+    step is slow too). A batch worker's thread that runs is computing a batch: never stuck for
+    that."""
+    spinning, tid = _loop_process("spinning-loop")
+    try:
+        sup = _supervisor()
+        sup.heartbeats = str(tmp_path)
+        stub = stubs.Stub(spinning.pid, "m", "", None)
+        since = time.monotonic()
+        demand0 = stubs.cpu_demand(spinning.pid, tid)
+        time.sleep(2.0)                                  # over frozen_secs - LATE_BEAT_S
+        now = time.monotonic()
+        sup.late = {stub.pid: (since, _loop(tid), demand0)}
+        _quiet_host(sup, tmp_path, now)
+        why = sup._blocked(stub, 3.2, now)
+        assert why and "its event loop's thread ran" in why and "without coming back to its loop" in why, why
+        _starved_host(sup, tmp_path, now)
+        assert sup._blocked(stub, 3.2, now) is None
+        _quiet_host(sup, tmp_path, now)
+        sup.late = {stub.pid: (since, stubs.BeatThread(tid, "batch worker"), demand0)}
+        assert sup._blocked(stub, 3.2, now) is None
+    finally:
+        spinning.kill()
+        spinning.wait()
 
 
 def _starved_host(sup: Supervisor, tmp_path: Path, now: float) -> None:
