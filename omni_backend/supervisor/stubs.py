@@ -177,6 +177,20 @@ def thread_wait(pid: int, tid: int) -> ThreadWait | None:
     return ThreadWait(False, f"system call {nr}")
 
 
+def runnable_threads(pid: int, but: int | None = None) -> int:
+    """How many of the process's threads (but `but`) run or wait for a CPU now (state R)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    count = 0
+    for tid in tids:
+        if tid != str(but):
+            stat = _read(f"/proc/{pid}/task/{tid}/stat").decode(errors="replace")
+            count += stat[stat.rfind(")") + 2:stat.rfind(")") + 3] == "R"
+    return count
+
+
 def reads_thread_waits() -> bool:
     """Whether `thread_wait` can tell anything here (a known architecture, /proc/.../syscall)."""
     return _SYSCALLS is not None and bool(_read(f"/proc/self/task/{threading.get_native_id()}/syscall"))

@@ -431,6 +431,11 @@ class Supervisor:
         if starved and not (wait and wait.own):
             return self._not_blocked(stub, age, f"{self._starved_host(now - age)} and {runs}'s thread waits in "
                                                 f"{wait.what if wait else 'what cannot be read'}")
+        if starved and (busy := stubs.runnable_threads(stub.pid, tid)):
+            # its lock may be held by one of them, waiting for a CPU (seen: a loop re-arming
+            # faulthandler's watchdog waited 3.8 s on its starved thread); asked again next check
+            return self._not_blocked(stub, age, f"{self._starved_host(now - age)} and {busy} of its other threads "
+                                                f"run or wait for a CPU")
         return (f"and {runs}'s thread neither ran nor waited for a CPU in the last {window:.1f} s "
                 f"({loop * 1000:.0f} ms; its other threads ran {total - loop:.2f} s)"
                 + (f", waiting in {wait.what}" if wait else "")

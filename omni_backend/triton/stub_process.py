@@ -28,7 +28,8 @@ touches `<pid>.responses-stalled` instead, so that the supervisor knows the loop
 waits longer: a response can wait on a busy tritonserver). Either stall
 also has every thread's stack written to the stub's stderr (the server log) once: what held it is
 then on record, whether or not it recovers. A stalled loop's stacks come from faulthandler's
-watchdog (a C thread, re-armed by every tick; its report starts `Timeout (0:00:10)!`): a Python
+watchdog (a C thread, re-armed after every tick by the stall reporter's thread, within a second;
+its report starts `Timeout (0:00:10)!`): a Python
 thread cannot report a stall while some thread holds the GIL (it reports once the GIL is free, if
 ever), and one entry stub's loop stopped for 20 s with nothing on record until it was killed.
 """
@@ -47,6 +48,7 @@ from typing import Callable
 SHM_PREFIX = "triton_python_backend_shm_region_"
 _started = False
 _watching_loop = False
+_watch_lock = threading.Lock()   # arming the loop's watchdog against stopping it
 
 
 def stub_shm_region() -> str | None:
@@ -182,9 +184,10 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
         def name_loop_thread() -> None:   # the first beat says which thread runs the loop
             _name_thread(path, threading.get_native_id(), EVENT_LOOP)
 
+        ticks = [0]   # counted here, read by the stall reporter (which re-arms the watchdog)
+
         def tick() -> None:
-            if _watching_loop:   # the stacks of a loop that stops ticking, once, STALL_REPORT_S on
-                faulthandler.dump_traceback_later(STALL_REPORT_S, file=sys.stderr)
+            ticks[0] += 1
             if responses_stalled() < STALL_REPORT_S:
                 _beat(path)
             else:   # the loop runs, its responses do not leave: the supervisor waits longer
@@ -192,7 +195,7 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
             loop.call_later(HEARTBEAT_S, tick)
         loop.call_soon_threadsafe(name_loop_thread)
         loop.call_soon_threadsafe(tick)
-        threading.Thread(target=_report_stalls, args=(loop, responses_stalled, STALL_REPORT_S),
+        threading.Thread(target=_report_stalls, args=(loop, responses_stalled, ticks),
                          name="stall-report", daemon=True).start()
         return
 
@@ -224,20 +227,30 @@ def _name_thread(path: Path, tid: int, what: str) -> None:
 def stop_loop_watch() -> None:
     """The loop stops on purpose (the model is being unloaded): no stall report for it."""
     global _watching_loop
-    _watching_loop = False
-    faulthandler.cancel_dump_traceback_later()
+    with _watch_lock:
+        _watching_loop = False
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _report_stalls(loop: asyncio.AbstractEventLoop, responses_stalled: Callable[[], float],
-                   after_s: float) -> None:
-    """Write every thread's stack once per stall of `loop`'s responses."""
+                   ticks: list[int]) -> None:
+    """Write every thread's stack once per stall of `loop`'s responses; and after each new tick
+    of `loop`, re-arm faulthandler's watchdog (STALL_REPORT_S on) for a loop that stops ticking.
+    The re-arm happens here, not on the loop: it joins the previous watchdog thread, holding the
+    GIL, and a loop that waited there 3.8 s for that thread on a starved host (a private lock
+    with no timeout) was judged stuck and its pipeline reloaded."""
     responses_reported = False
+    seen = None
     while not loop.is_closed():
-        time.sleep(after_s / 4)
+        with _watch_lock:
+            if _watching_loop and ticks[0] != seen:
+                seen = ticks[0]
+                faulthandler.dump_traceback_later(STALL_REPORT_S, file=sys.stderr)
         waited = responses_stalled()
-        if waited >= after_s and not responses_reported:
+        if waited >= STALL_REPORT_S and not responses_reported:
             _dump_stacks(f"responses waited {waited:.1f} s with none leaving")
-        responses_reported = waited >= after_s
+        responses_reported = waited >= STALL_REPORT_S
+        time.sleep(min(1.0, STALL_REPORT_S / 4))
 
 
 def _dump_stacks(what: str) -> None:

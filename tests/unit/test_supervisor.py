@@ -255,8 +255,13 @@ def test_a_late_stub_is_blocked_only_when_it_wanted_no_cpu_on_a_host_with_cpu_to
 _LOOP_PROCESS = """
 import re, sys, threading, time
 mode = sys.argv[1]
+lock = threading.Lock()
+if mode == 'lock-held':   # by the main thread, which then computes
+    lock.acquire()
 def loop():
     print(threading.get_native_id(), flush=True)
+    if mode == 'lock-held':
+        lock.acquire()
     if mode == 'spinning-loop':
         while True: pass
     if mode == 'gil-wait':   # it wants the GIL back after each sleep; the hog never lets it go
@@ -269,6 +274,8 @@ threading.Thread(target=loop).start()
 time.sleep(0.3)
 if mode in ('gil-hog', 'gil-wait'):
     re.fullmatch(r'(a+)+b', 'a' * 64)
+if mode == 'lock-held':
+    while True: pass
 threading.Event().wait()
 """
 
@@ -393,8 +400,9 @@ def test_on_a_starved_host_a_loop_is_blocked_only_when_nothing_outside_the_stub_
     """A starved tritonserver can hold a healthy stub's loop (a `Metric.set` waits for its answer
     on a shared futex), and a GIL can be held by a thread that waits for a CPU: those wait. A loop
     that waits for good on a lock or event of its own, with its threads not starved, is stuck
-    whatever the host's load."""
-    procs = {mode: _loop_process(mode) for mode in ("blocked", "gil-wait", "shared-wait")}
+    whatever the host's load, unless another of its threads runs or waits for a CPU (it may
+    hold that lock)."""
+    procs = {mode: _loop_process(mode) for mode in ("blocked", "gil-wait", "shared-wait", "lock-held")}
     try:
         sup = _supervisor()
         sup.heartbeats = str(tmp_path)
@@ -409,6 +417,8 @@ def test_on_a_starved_host_a_loop_is_blocked_only_when_nothing_outside_the_stub_
         assert "waiting in a lock or event of its own process, with no timeout" in why["blocked"]
         assert "the host is starved, but nothing outside the stub holds it" in why["blocked"]
         assert why["gil-wait"] is None and why["shared-wait"] is None, why
+        # its own lock, but held by a thread that runs or waits for a CPU: perhaps starved
+        assert why["lock-held"] is None, why
         # the loop thread not known: a starved host is reason enough to wait
         blocked, _ = procs["blocked"]
         sup.late[blocked.pid] = (now - 3.0, None, stubs.cpu_demand(blocked.pid))
