@@ -388,11 +388,12 @@ class Supervisor:
         on a host with CPU to spare, its loop's thread ran most of the window (a step that does not
         end: SPINNING_SHARE). A starved loop waits for a CPU; a busy one on a starved host uses one
         as a starved step would; a loop waiting for the GIL whose holder waits for a CPU sleeps,
-        but its threads are starved: those are left to the `stalled_secs` rule. So is a loop that runs while its responses do not
-        leave (they can wait on a busy tritonserver). On a starved host a loop may also sleep on
+        but its threads are starved: those are left to the `stalled_secs` rule. So is a loop that
+        runs while its responses do not leave (they can wait on a busy tritonserver). On a starved host a loop may also sleep on
         tritonserver (a `Metric.set`), so there it is stuck only when it waits, with no timeout,
         on nothing outside its own process (`stubs.thread_wait`: a lock or event of its own, a
-        sleep). Where the loop's thread is not known, the host must have CPU to spare and none of
+        sleep), while none of its other threads runs or waits for a CPU (one may hold that lock).
+        Where the loop's thread is not known, the host must have CPU to spare and none of
         the stub's threads may have run or waited. A batched stage beats while its worker thread
         waits for work or works (stub_process.WorkWatch): the same rules judge that thread, but
         for spinning (a long batch is its work)."""
