@@ -39,10 +39,15 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def _ppid_and_state(pid: int) -> tuple[int, str]:
-    stat = _read(f"/proc/{pid}/stat").decode(errors="replace")
+def _stat_fields(path: str) -> list[str]:
+    """The fields of a /proc/.../stat file after the command name (state first); [] when gone."""
+    stat = _read(path).decode(errors="replace")
     # the command name may hold spaces and parentheses: fields start after the last ')'
-    fields = stat[stat.rfind(")") + 2:].split()
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def _ppid_and_state(pid: int) -> tuple[int, str]:
+    fields = _stat_fields(f"/proc/{pid}/stat")
     return (int(fields[1]), fields[0]) if len(fields) > 1 else (-1, "?")
 
 
@@ -98,8 +103,7 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time the process has used (0 when it is gone)."""
-    stat = _read(f"/proc/{pid}/stat").decode(errors="replace")
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = _stat_fields(f"/proc/{pid}/stat")
     return (int(fields[11]) + int(fields[12])) / _TICKS if len(fields) > 12 else 0.0
 
 
@@ -186,8 +190,7 @@ def runnable_threads(pid: int, but: int | None = None) -> int:
     count = 0
     for tid in tids:
         if tid != str(but):
-            stat = _read(f"/proc/{pid}/task/{tid}/stat").decode(errors="replace")
-            count += stat[stat.rfind(")") + 2:stat.rfind(")") + 3] == "R"
+            count += _stat_fields(f"/proc/{pid}/task/{tid}/stat")[:1] == ["R"]
     return count
 
 
@@ -219,8 +222,7 @@ def since_boot() -> float:
 
 def started_at(stub: Stub) -> float | None:
     """When the stub process started (`since_boot` seconds, to 1/CLK_TCK); None when it is gone."""
-    stat = _read(f"/proc/{stub.pid}/stat").decode(errors="replace")
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = _stat_fields(f"/proc/{stub.pid}/stat")
     return int(fields[19]) / _TICKS if len(fields) > 19 else None
 
 
