@@ -263,6 +263,20 @@ def responses_stalled(folder: str, stub: Stub, beat_age: float) -> bool:
     return time.time() - marked < beat_age
 
 
+def overrun(folder: str, stub: Stub, beat_age: float) -> str | None:
+    """Why the stub's batch worker withheld its heartbeat (its batch ran far past what batches
+    before it took: stub_process.WorkWatch), when it said so after its last beat; else None."""
+    if not folder:
+        return None
+    path = os.path.join(folder, f"{stub.pid}{stub_process.OVERRUN_SUFFIX}")
+    try:
+        if time.time() - os.stat(path).st_mtime >= beat_age:
+            return None
+    except OSError:
+        return None
+    return _read(path).decode(errors="replace").strip() or None
+
+
 def alive(stub: Stub) -> bool:
     """The stub is still running (not exited, not a zombie, its pid not reused)."""
     _, state = _ppid_and_state(stub.pid)

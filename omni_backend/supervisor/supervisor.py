@@ -4,7 +4,8 @@ drain on SIGTERM, and leave no stub process or shared memory behind.
 Triton 2.51 neither restarts a decoupled model's dead stub nor reports it: requests fail with
 "Stub process ... is not healthy", open streams hang, and every readiness probe still says ready.
 So the supervisor watches every stub process (one that exited or was stopped is handled at once;
-one whose heartbeat stopped, after 3 s when it is blocked on a host with CPU to spare, else 20 s)
+one whose heartbeat stopped, after 3 s when it is blocked on a host with CPU to spare, else 20 s;
+a batched stage whose batch ran far past its budget of CPU time, at once)
 and pings each pipeline's entry model once a second (`CONTROL=ping`; the entry asks each of its
 stages). A pipeline that stops answering is broken only when the silent model also stopped using
 CPU (`_wedged`): under overload pings wait behind real work, and reloading models under heavy
@@ -351,6 +352,10 @@ class Supervisor:
                 why = "exited"
             elif stubs.stopped(stub):
                 why = "is stopped"
+            elif age is not None and (over := stubs.overrun(self.heartbeats, stub, age)):
+                # said after its last beat, measured in its own CPU time: no starved host explains it
+                why = f"has not run {self._beating(stub)} for {age:.1f} s: {over}"
+                self._found_stuck(stub)
             elif age is not None and age > self.opts.stalled_secs and freshest <= FRESH_BEAT_S:
                 why = f"has not run {self._beating(stub)} for {age:.1f} s (others beat {freshest:.1f} s ago)"
             elif age is not None and age > self.opts.frozen_secs and freshest <= PROMPT_BEAT_S \

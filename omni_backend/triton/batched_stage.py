@@ -136,7 +136,11 @@ class BatchedStage:
                 responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
         for members in groups.values():
             try:
-                outputs = self.run_batch([batches[i] for i in members])
+                self.work.run_started(len(members))   # the budget of a batch that never ends
+                try:
+                    outputs = self.run_batch([batches[i] for i in members])
+                finally:
+                    self.work.run_ended()
                 for i, out in zip(members, outputs):
                     responses[i] = pb_utils.InferenceResponse(
                         output_tensors=[pb_utils.Tensor(n, np.ascontiguousarray(a)) for n, a in out.items()])

@@ -25,7 +25,9 @@ stub from an overloaded one; a heartbeat that stops while the process lives can.
 stops while the stub's responses have waited STALL_REPORT_S with none leaving (`stalled`, the
 response thread's): a loop that ticks while nothing reaches a client is stuck too (it then
 touches `<pid>.responses-stalled` instead, so that the supervisor knows the loop itself runs and
-waits longer: a response can wait on a busy tritonserver). Either stall
+waits longer: a response can wait on a busy tritonserver). A batched stage's beat also stops
+when one batch has used far more CPU than any before it (`WorkWatch.OVERRUN_FACTOR`): it writes
+why into `<pid>.overrun`, and the supervisor need not wait to judge it. Either stall
 also has every thread's stack written to the stub's stderr (the server log) once: what held it is
 then on record, whether or not it recovers. A stalled loop's stacks come from faulthandler's
 watchdog (a C thread, re-armed after every tick by the stall reporter's thread, within a second;
@@ -100,6 +102,8 @@ HEARTBEAT_S = 0.5
 STALL_REPORT_S = 10.0   # well under the supervisor's stalled_secs (20 s), over a busy host's hiccups
 # beside `<pid>`: touched instead of it while the loop ticks but its responses have stalled
 RESPONSES_STALLED_SUFFIX = ".responses-stalled"
+# beside `<pid>`: written instead of it, with why, once a batch has run past its budget (WorkWatch)
+OVERRUN_SUFFIX = ".overrun"
 
 
 def thread_schedstat(pid: int, tid: int | str) -> tuple[int, int] | None:
@@ -121,26 +125,79 @@ class WorkWatch:
     responses: a send can wait on a busy tritonserver). It stops while the thread sleeps in the
     middle of its work: a deadlock, or a call that never returns, which a beat from a thread of
     its own would hide (a worker blocked for good was noticed only when pings had failed for
-    `unresponsive_secs`, 120 s). A long computation keeps it beating."""
+    `unresponsive_secs`, 120 s). A long computation keeps it beating, up to a budget: a batch
+    (`run_started` .. `run_ended`) that has run OVERRUN_FACTOR times the CPU time of the longest
+    batch before it, and of the costliest request before it times its own size, and at least
+    OVERRUN_FLOOR_S, is one that does not end (a loop without end in a codec, a device that
+    hangs while its caller spins on it). A stage's first batch has no budget: it may be cold."""
     WAITING, WORKING, SENDING, DONE = "waiting for work", "working", "sending", "done"
     # working, it beats when its thread's run + run-queue time grew by this share of the time
     # since the last look: a thread waiting for the GIL wakes every 5 ms for microseconds
     WORKING_SHARE = 0.05
+    # CPU time (the worker thread's run time: a starved host does not count against it) over what
+    # a batch before took. Batches of one stage differ by their size and shape (a codec's last
+    # window is shorter; a new shape can cost a kernel choice), never by this much.
+    OVERRUN_FACTOR = 20.0
+    OVERRUN_FLOOR_S = 10.0
 
     def __init__(self, name: str = "batch worker") -> None:
         self.name = name
         self.thread_id: int | None = None
         self._phase, self._since = self.WAITING, time.monotonic()
         self._seen: tuple[float, int] | None = None   # (when, run + wait ns) at the last look
+        self._run: tuple[int, int] | None = None      # (requests, run ns at its start) of the batch in work
+        self._longest_ns = 0                          # CPU time of the costliest batch so far
+        self._per_request_ns = 0.0                    # ... and of the costliest request
+        self.overrun: str | None = None               # why the batch in work is over its budget
+        self._clock: int | None = None                # the worker thread's CPU-time clock
 
     def enter(self, phase: str) -> None:
         """Called by the worker thread as it moves to `phase`."""
         self.thread_id = threading.get_native_id()
         self._phase, self._since = phase, time.monotonic()
 
+    def run_started(self, requests: int) -> None:
+        """Called by the worker thread as it starts computing a batch of `requests`."""
+        self._clock = time.pthread_getcpuclockid(threading.get_ident())
+        self.overrun = None
+        self._run = (max(1, requests), time.thread_time_ns())
+
+    def run_ended(self) -> None:
+        """Called by the worker thread when that batch is done: it sets the budget of the next."""
+        run, self._run = self._run, None
+        if run is not None:
+            used = time.thread_time_ns() - run[1]
+            self._longest_ns = max(self._longest_ns, used)
+            self._per_request_ns = max(self._per_request_ns, used / run[0])
+
+    def _ran_ns(self) -> int | None:
+        """The worker thread's CPU time, exact (its schedstat lags a running thread by a tick, and
+        a quick batch by all of it)."""
+        try:
+            return time.clock_gettime_ns(self._clock) if self._clock is not None else None
+        except OSError:
+            return None
+
+    def _over_budget(self) -> str | None:
+        run = self._run
+        if run is None or not self._longest_ns:
+            return None
+        now = self._ran_ns()
+        if now is None:
+            return None
+        used = now - run[1]
+        budget = max(self.OVERRUN_FLOOR_S * 1e9,
+                     self.OVERRUN_FACTOR * max(self._longest_ns, self._per_request_ns * run[0]))
+        if used <= budget:
+            return None
+        return (f"its batch of {run[0]} has run {used / 1e9:.1f} s of CPU, over its budget of "
+                f"{budget / 1e9:.1f} s (batches before it took at most {self._longest_ns / 1e6:.1f} ms, "
+                f"{self._per_request_ns / 1e6:.1f} ms a request): a computation that does not end")
+
     def beat(self) -> str | None:
-        """"beat", "stalled" (its send has waited STALL_REPORT_S), "done" (the worker ended: so
-        does the heartbeat), or None (it sleeps in its work)."""
+        """"beat", "stalled" (its send has waited STALL_REPORT_S), "overrun" (its batch is over
+        its budget: `overrun` says why), "done" (the worker ended: so does the heartbeat), or None
+        (it sleeps in its work)."""
         phase, since, tid = self._phase, self._since, self.thread_id
         if phase == self.DONE:
             return "done"
@@ -149,6 +206,9 @@ class WorkWatch:
             return "beat" if now - since < STALL_REPORT_S else "stalled"
         if phase == self.WAITING or tid is None:
             return "beat"
+        if (over := self._over_budget()) is not None:
+            self.overrun = over
+            return "overrun"
         demand = thread_schedstat(os.getpid(), tid)
         if demand is None:
             return "beat"   # nothing to tell a blocked thread by
@@ -199,6 +259,8 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
                          name="stall-report", daemon=True).start()
         return
 
+    overrun_path = Path(folder) / f"{os.getpid()}{OVERRUN_SUFFIX}"
+
     def run() -> None:
         named = None
         while True:
@@ -210,6 +272,8 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
                 _beat(path)
             elif state == "stalled":
                 _beat(responses_path)
+            elif state == "overrun":   # rewritten at every look: its time says it is news
+                _write(overrun_path, work.overrun or "")
             elif state == "done":
                 return
             threading.Event().wait(HEARTBEAT_S)
@@ -218,9 +282,16 @@ def start_heartbeat(loop: asyncio.AbstractEventLoop | None = None,
 
 def _name_thread(path: Path, tid: int, what: str) -> None:
     """Write the beating thread's id and what it runs into the heartbeat file (stubs.beat_thread)."""
+    _write(path, f"{tid} {what}")
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace the file whole: the supervisor may read it at any moment."""
+    part = path.with_name(path.name + ".part")
     try:
-        path.write_text(f"{tid} {what}")
-    except OSError:
+        part.write_text(text)
+        os.replace(part, path)
+    except OSError:   # the supervisor's folder went away: nobody is listening
         pass
 
 

@@ -22,7 +22,7 @@ from omni_backend.supervisor import stubs
 from omni_backend.supervisor.cpu_pressure import CpuPressure
 from omni_backend.supervisor.options import SupervisorOptions
 from omni_backend.testing import busy_host
-from omni_backend.triton.stub_process import STALL_REPORT_S
+from omni_backend.triton.stub_process import STALL_REPORT_S, WorkWatch
 from tests.metrics_scrape import metric
 from tests.toy_family import PIPELINE, audio_of, build_repository, expected_audio, frames_of, text_pieces
 
@@ -328,20 +328,27 @@ def test_a_stage_whose_event_loop_blocks_is_noticed_and_its_streams_end_within_5
         server.stop()
 
 
-def test_a_batched_stage_whose_worker_blocks_is_noticed_and_its_streams_end_within_5_s(tmp_path):
+@pytest.mark.parametrize("hook, verdict, bound_s", [
+    ("block_render_after", "its batch worker's thread neither ran nor waited for a CPU", 5.0),
+    ("spin_render_after", "a computation that does not end", WorkWatch.OVERRUN_FLOOR_S + 5.0),
+])
+def test_a_batched_stage_whose_worker_blocks_or_computes_without_end_is_noticed(tmp_path, hook, verdict, bound_s):
     """Render's batch worker blocks for good in its batch (tests/toy_family: `block_render_after`,
     as in a deadlock in a codec): its heartbeat, beaten from a thread of its own, stops because the
     worker sleeps mid-batch (stub_process.WorkWatch), and the supervisor reads the worker's thread
     as it reads a loop's: the stream ends with `unavailable:` naming render within 5 s of the
-    blocked call's last audio, and the pipeline serves again, exactly. (Before, only the failing
-    pings told, after `unresponsive_secs`: 120 s.)"""
+    blocked call's last audio. Or the batch computes without end (`spin_render_after`): once it
+    has used more CPU than its budget (WorkWatch.OVERRUN_FLOOR_S for the toy's quick batches) the
+    beat stops with why, and the supervisor acts at once. Either way the worker's stacks are in
+    the log and the pipeline serves again, exactly. (Before, only the failing pings told, after
+    `unresponsive_secs`: 120 s.)"""
     server = _started_toy_server(tmp_path / "toy_repo")
     try:
         render = _stubs_of(server, f"{PIPELINE}__render")
-        ended_after = _ended_unavailable(server, "render", {"block_render_after": 3}, audio_only=True)
+        ended_after = _ended_unavailable(server, "render", {hook: 3}, audio_only=True)
         log = server.log_text()
-        assert ended_after < 5.0, log[-3000:]
-        assert "its batch worker's thread neither ran nor waited for a CPU" in log, log[-3000:]
+        assert ended_after < bound_s, log[-3000:]
+        assert verdict in log, log[-3000:]
         assert re.search(r'toy_family/stages\.py", line \d+ in run_batch', log), log[-3000:]
         _serves_again_without(server, render[0])
     finally:

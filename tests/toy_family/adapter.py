@@ -29,6 +29,8 @@ class ToyAdapter(TTSAdapter):
                    " (0: never)"),
         Param("block_render_after", int, default=0, lo=0, hi=1000,
               help="test hook: render's batch worker blocks for good at this piece (0: never)"),
+        Param("spin_render_after", int, default=0, lo=0, hi=1000,
+              help="test hook: render's batch at this piece computes without end (0: never)"),
     )
 
     def skipped_stages(self, request: dict[str, Any]) -> frozenset[int]:

@@ -63,6 +63,9 @@ class Render(BatchedStage):
         return inputs["FRAMES"].shape[1:]
 
     def run_batch(self, batch: list[Inputs]) -> list[dict[str, np.ndarray]]:
+        if any(np.isneginf(b["GAIN"]).any() for b in batch):   # RenderEach's `spin_render_after`
+            while True:   # the batch computes without end, as a codec in a loop would
+                pass
         if any((b["GAIN"] < 0).any() for b in batch):   # RenderEach's `block_render_after` hook
             threading.Event().wait()   # the batch worker blocks, as a deadlock would
         return [{"AUDIO": np.stack([audio_of(f, float(g.reshape(-1)[0]))

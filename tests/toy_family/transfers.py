@@ -24,6 +24,12 @@ class RenderEach(Transfer):
         n = 0
         async for out in sources[1]:
             n += 1
-            # the test hook `block_render_after`: a gain no client can ask for (they are >= 0)
-            hook = n == request["block_render_after"] > 0
-            yield await stage.call({"FRAMES": out["FRAMES"][None], "GAIN": -gain - 1 if hook else gain})
+            # the test hooks `block_render_after`, `spin_render_after`: gains no client can ask
+            # for (they are >= 0)
+            if n == request["block_render_after"] > 0:
+                sent = -gain - 1
+            elif n == request["spin_render_after"] > 0:
+                sent = np.full_like(gain, -np.inf)
+            else:
+                sent = gain
+            yield await stage.call({"FRAMES": out["FRAMES"][None], "GAIN": sent})

@@ -138,3 +138,66 @@ def test_a_batch_worker_beats_while_it_waits_or_works_and_stops_while_it_sleeps_
         runner.join(5)
     time.sleep(1.0)
     assert not [t for t in threading.enumerate() if t.name == "heartbeat"]
+
+
+def test_a_batch_that_runs_far_past_the_batches_before_it_stops_the_beat_and_says_why(tmp_path, monkeypatch):
+    """WorkWatch's budget: a stage's first batch may run as long as it takes (it may be cold);
+    after it, a batch that has used OVERRUN_FACTOR times the CPU of the costliest batch before it
+    (and at least OVERRUN_FLOOR_S) is one that does not end: the beat stops and `<pid>.overrun`
+    says why. A long batch within its budget beats on."""
+    monkeypatch.setenv(stub_process.HEARTBEAT_ENV, str(tmp_path))
+    monkeypatch.setattr(stub_process.WorkWatch, "OVERRUN_FLOOR_S", 1.0)
+    work = stub_process.WorkWatch()
+    batches: queue.SimpleQueue = queue.SimpleQueue()
+
+    def compute(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    def worker() -> None:
+        while True:
+            work.enter(work.WAITING)
+            seconds = batches.get()
+            if seconds is None:
+                work.enter(work.DONE)
+                return
+            work.enter(work.WORKING)
+            work.run_started(2)
+            compute(seconds)
+            work.run_ended()
+
+    runner = threading.Thread(target=worker, daemon=True)
+    runner.start()
+    beat = tmp_path / str(os.getpid())
+    overrun = tmp_path / f"{os.getpid()}{stub_process.OVERRUN_SUFFIX}"
+
+    def age(path: Path) -> float:
+        return time.time() - path.stat().st_mtime if path.exists() else float("inf")
+
+    stub_process.start_heartbeat(work=work)
+    try:
+        batches.put(2.0)                                          # the first batch: no budget
+        time.sleep(2.6)
+        assert age(beat) < 0.8 and not overrun.exists()
+        batches.put(0.01)                                         # quick batches: 20x is under the floor
+        batches.put(0.9)                                          # a long one within the floor
+        time.sleep(1.5)
+        assert age(beat) < 0.8 and not overrun.exists()
+        batches.put(3.0)                                          # over the floor: 2.0 s was not before it
+        time.sleep(2.0)
+        assert not overrun.exists()                               # the first batch's 2.0 s set 40 s
+        monkeypatch.setattr(stub_process.WorkWatch, "OVERRUN_FACTOR", 0.25)   # budget 0.5 s of CPU
+        batches.put(3.0)
+        time.sleep(2.0)                                           # the previous one ends, this one runs on
+        time.sleep(1.5)
+        assert age(beat) > 0.8 and age(overrun) < 0.8
+        said = overrun.read_text()
+        assert said.startswith("its batch of 2 has run ") and "a computation that does not end" in said
+        time.sleep(1.5)                                           # it ended after all: beating again
+        assert age(beat) < 0.8
+    finally:
+        batches.put(None)
+        runner.join(10)
+    time.sleep(1.0)
+    assert not [t for t in threading.enumerate() if t.name == "heartbeat"]

@@ -143,6 +143,21 @@ def test_a_stub_that_exits_stops_or_stops_beating_is_healed_at_once(fake_stub, t
         other_beat.touch()                                            # one stub stuck beside a live one
         sup._check_stubs()
         assert healed and "has not run its event loop for 30" in healed[-1] and not sup.starved
+        overrun = Path(sup.heartbeats) / f"{proc.pid}{stub_process.OVERRUN_SUFFIX}"
+        overrun.write_text("its batch of 1 has run 10.5 s of CPU, over its budget of 10.0 s")
+        os.utime(overrun, (time.time() - 1, time.time() - 1))         # said before its last beat: old news
+        beat.touch()
+        del healed[:]
+        sup._found_stuck = lambda stub: None                          # its stacks: SIGUSR2 would end this fake
+        sup._check_stubs()
+        assert healed == []
+        for path in (beat, other_beat):                               # said after it: at once, starved or not
+            os.utime(path, (time.time() - 30, time.time() - 30))
+        overrun.touch()
+        sup._check_stubs()
+        assert len(healed) == 1 and healed[0].startswith(f"unavailable: talker: its stub process {proc.pid} has not run")
+        assert healed[0].endswith(": its batch of 1 has run 10.5 s of CPU, over its budget of 10.0 s")
+        other_beat.touch()
         beat.touch()
         os.kill(proc.pid, signal.SIGSTOP)
         time.sleep(0.1)
