@@ -81,6 +81,11 @@ def test_responses_that_never_leave_stop_the_heartbeat_and_are_reported(tmp_path
         loop.close()
 
 
+def _age(path: Path) -> float:
+    """Seconds since the heartbeat folder's file was touched; inf when there is none."""
+    return time.time() - path.stat().st_mtime if path.exists() else float("inf")
+
+
 def test_a_batch_worker_beats_while_it_waits_or_works_and_stops_while_it_sleeps_mid_batch(tmp_path, monkeypatch):
     """A model without an event loop beats from a thread of its own, which watches its worker
     (stub_process.WorkWatch): a worker blocked in its batch (a deadlock) stops the beat, one that
@@ -111,27 +116,24 @@ def test_a_batch_worker_beats_while_it_waits_or_works_and_stops_while_it_sleeps_
     beat = tmp_path / str(os.getpid())
     stalled = tmp_path / f"{os.getpid()}{stub_process.RESPONSES_STALLED_SUFFIX}"
 
-    def age(path: Path) -> float:
-        return time.time() - path.stat().st_mtime if path.exists() else float("inf")
-
     stub_process.start_heartbeat(work=work)
     try:
         time.sleep(1.5)
-        assert age(beat) < 0.8                                    # waiting for work: beating
+        assert _age(beat) < 0.8                                    # waiting for work: beating
         assert beat.read_text() == f"{runner.native_id} batch worker"
         phase.put(work.WORKING)
         time.sleep(1.8)
-        assert age(beat) < 0.8                                    # computing: beating
+        assert _age(beat) < 0.8                                    # computing: beating
         time.sleep(2.2)
-        assert age(beat) > 1.5                                    # blocked mid-batch: silent
+        assert _age(beat) > 1.5                                    # blocked mid-batch: silent
         release.set()
         time.sleep(1.0)
-        assert age(beat) < 0.8                                    # waiting for work again
+        assert _age(beat) < 0.8                                    # waiting for work again
         phase.put(work.SENDING)
         time.sleep(1.0)
-        assert age(beat) < 0.8 and age(stalled) == float("inf")  # a send may wait a while
+        assert _age(beat) < 0.8 and _age(stalled) == float("inf")  # a send may wait a while
         time.sleep(1.5)
-        assert age(beat) > 1.0 and age(stalled) < 0.8            # then its responses are stalled
+        assert _age(beat) > 1.0 and _age(stalled) < 0.8            # then its responses are stalled
     finally:
         release.set()
         phase.put(None)
@@ -172,18 +174,15 @@ def test_a_batch_that_runs_far_past_the_batches_before_it_stops_the_beat_and_say
     beat = tmp_path / str(os.getpid())
     overrun = tmp_path / f"{os.getpid()}{stub_process.OVERRUN_SUFFIX}"
 
-    def age(path: Path) -> float:
-        return time.time() - path.stat().st_mtime if path.exists() else float("inf")
-
     stub_process.start_heartbeat(work=work)
     try:
         batches.put(2.0)                                          # the first batch: no budget
         time.sleep(2.6)
-        assert age(beat) < 0.8 and not overrun.exists()
+        assert _age(beat) < 0.8 and not overrun.exists()
         batches.put(0.01)                                         # quick batches: 20x is under the floor
         batches.put(0.9)                                          # a long one within the floor
         time.sleep(1.5)
-        assert age(beat) < 0.8 and not overrun.exists()
+        assert _age(beat) < 0.8 and not overrun.exists()
         batches.put(3.0)                                          # over the floor: 2.0 s was not before it
         time.sleep(2.0)
         assert not overrun.exists()                               # the first batch's 2.0 s set 40 s
@@ -191,11 +190,11 @@ def test_a_batch_that_runs_far_past_the_batches_before_it_stops_the_beat_and_say
         batches.put(3.0)
         time.sleep(2.0)                                           # the previous one ends, this one runs on
         time.sleep(1.5)
-        assert age(beat) > 0.8 and age(overrun) < 0.8
+        assert _age(beat) > 0.8 and _age(overrun) < 0.8
         said = overrun.read_text()
         assert said.startswith("its batch of 2 has run ") and "a computation that does not end" in said
         time.sleep(1.5)                                           # it ended after all: beating again
-        assert age(beat) < 0.8
+        assert _age(beat) < 0.8
     finally:
         batches.put(None)
         runner.join(10)
