@@ -369,7 +369,7 @@ def _voice(voice: str, info: PipelineInfo, put, params: dict[str, Any]) -> None:
         params["speaker"] = voice
     else:
         available = ", ".join(choices) if choices else "none to choose"
-        raise invalid_request("audio.voice", f"audio.voice: unknown voice {voice!r} for model '{info.name}'; "
+        raise invalid_request("audio.voice", f"audio.voice: unknown voice {shown(voice)} for model '{info.name}'; "
                                              f"available: {available}")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from omni_backend.adapters.base import shown
 from omni_backend.errors import is_busy, with_code
 
 # Triton's request fields -> the OpenAI fields a client sent.
@@ -61,7 +62,7 @@ def unauthorized(message: str) -> ApiError:
 
 def model_not_found(model: str, known: list[str]) -> ApiError:
     listing = ", ".join(known) if known else "none are loaded"
-    return ApiError(404, f"The model '{model}' does not exist; available: {listing}",
+    return ApiError(404, f"The model {shown(model)} does not exist; available: {listing}",
                     type="invalid_request_error", code="model_not_found", param="model")
 
 

@@ -268,7 +268,7 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
     elif voice_spec is not None:
         if voice_spec.choices and req.voice.lower() not in voice_spec.choices:
             if not stock:
-                raise invalid_request("voice", f"voice: unknown voice {req.voice!r} for model "
+                raise invalid_request("voice", f"voice: unknown voice {shown(req.voice)} for model "
                                                f"'{info.name}'; available: {', '.join(voice_spec.choices)}")
         elif not (stock and not voice_spec.choices):
             params[voice_spec.name] = _check_field(info, voice_spec.name, req.voice, field="voice")

@@ -205,6 +205,15 @@ def test_sdk_sees_typed_errors(openai_client):
 def test_unknown_model_and_route_are_404(shim):
     envelope(httpx.post(f"{shim.url}/v1/audio/speech", json={**OK, "model": "whisper-1"}), 404,
              "invalid_request_error", "model", "model_not_found")
+    error = envelope(httpx.post(f"{shim.url}/v1/audio/speech", json={**OK, "model": "m" * 5000}), 404,
+                     "invalid_request_error", "model", "model_not_found")
+    assert "m" * 200 not in error["message"] and "..." in error["message"]   # a client's value, shortened
+
+
+def test_an_unknown_voice_is_quoted_short(shim):
+    error = envelope(httpx.post(f"{shim.url}/v1/audio/speech", json={**OK, "voice": "v" * 10_000}), 400,
+                     "invalid_request_error", "voice")
+    assert "unknown voice 'vvv" in error["message"] and len(error["message"]) < 1000
     envelope(httpx.get(f"{shim.url}/v1/nothing-here"), 404, "invalid_request_error", None, "not_found")
     envelope(httpx.get(f"{shim.url}/v1/audio/speech"), 405, "invalid_request_error")
 
