@@ -251,30 +251,28 @@ def heartbeat_age(folder: str, stub: Stub) -> float | None:
         return None
 
 
+def _marked_after_beat(folder: str, stub: Stub, suffix: str, beat_age: float) -> str | None:
+    """The path of the stub's mark `<pid><suffix>` when it was touched after its last beat."""
+    if not folder:
+        return None
+    path = os.path.join(folder, f"{stub.pid}{suffix}")
+    try:
+        return path if time.time() - os.stat(path).st_mtime < beat_age else None
+    except OSError:
+        return None
+
+
 def responses_stalled(folder: str, stub: Stub, beat_age: float) -> bool:
     """Whether the stub's loop ran after its last heartbeat but withheld it because its responses
     stopped leaving (stub_process.RESPONSES_STALLED_SUFFIX)."""
-    if not folder:
-        return False
-    try:
-        marked = os.stat(os.path.join(folder, f"{stub.pid}{stub_process.RESPONSES_STALLED_SUFFIX}")).st_mtime
-    except OSError:
-        return False
-    return time.time() - marked < beat_age
+    return _marked_after_beat(folder, stub, stub_process.RESPONSES_STALLED_SUFFIX, beat_age) is not None
 
 
 def overrun(folder: str, stub: Stub, beat_age: float) -> str | None:
     """Why the stub's batch worker withheld its heartbeat (its batch ran far past what batches
     before it took: stub_process.WorkWatch), when it said so after its last beat; else None."""
-    if not folder:
-        return None
-    path = os.path.join(folder, f"{stub.pid}{stub_process.OVERRUN_SUFFIX}")
-    try:
-        if time.time() - os.stat(path).st_mtime >= beat_age:
-            return None
-    except OSError:
-        return None
-    return _read(path).decode(errors="replace").strip() or None
+    path = _marked_after_beat(folder, stub, stub_process.OVERRUN_SUFFIX, beat_age)
+    return (_read(path).decode(errors="replace").strip() or None) if path else None
 
 
 def alive(stub: Stub) -> bool:

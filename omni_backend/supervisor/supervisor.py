@@ -352,8 +352,10 @@ class Supervisor:
                 why = "exited"
             elif stubs.stopped(stub):
                 why = "is stopped"
-            elif age is not None and (over := stubs.overrun(self.heartbeats, stub, age)):
-                # said after its last beat, measured in its own CPU time: no starved host explains it
+            elif age is not None and age > stub_process.HEARTBEAT_S \
+                    and (over := stubs.overrun(self.heartbeats, stub, age)):
+                # written instead of a beat, so never fresher than one period; said after its last
+                # beat, in its own CPU time: no starved host explains it
                 why = f"has not run {self._beating(stub)} for {age:.1f} s: {over}"
                 self._found_stuck(stub)
             elif age is not None and age > self.opts.stalled_secs and freshest <= FRESH_BEAT_S:

@@ -158,7 +158,8 @@ class WorkWatch:
 
     def run_started(self, requests: int) -> None:
         """Called by the worker thread as it starts computing a batch of `requests`."""
-        self._clock = time.pthread_getcpuclockid(threading.get_ident())
+        if self._clock is None:   # the worker's thread is the stage's for its life
+            self._clock = time.pthread_getcpuclockid(threading.get_ident())
         self.overrun = None
         self._run = (max(1, requests), time.thread_time_ns())
 
