@@ -149,3 +149,113 @@ def qwen3_omni_reference(qwen3_omni_checkpoints, qwen3_omni_jobs, tmp_path_facto
         dump = run_qwen3_omni_oracle(checkpoint, qwen3_omni_jobs, root / shape)
         result[shape] = {"checkpoint": checkpoint, "out": root / shape, **dump}
     return result
+
+
+# ----------------------------------------------------------------------------- audio input
+
+# Recordings the audio jobs hear: name -> (seconds, sample rate, container). Signals are made here
+# (a tone sweep with noise, seeded by the name), encoded in the container, then decoded and
+# resampled by the server's own media module: what the reference receives is that 16-kHz waveform
+# (its processor takes arrays; reading files and resampling come before it).
+QWEN3_OMNI_RECORDINGS = {
+    "sweep3s_16k_wav": (3.0, 16000, "wav"),
+    "noise30s_16k_wav": (30.0, 16000, "wav"),
+    "sweep2s_44k_flac": (2.0, 44100, "flac"),
+    "sweep1s_44k_mp3": (1.3, 44100, "mp3"),
+    "tone_half_s_16k_wav": (0.5, 16000, "wav"),
+}
+_HISTORY_ANSWER = ("It says that the weather will be sunny tomorrow, with a light breeze in the afternoon and "
+                   "a temperature of about twenty five degrees, perfect for a walk in the park.")
+# {"type": "input_audio", "recording": NAME} parts stand for a recording (see recording_part)
+QWEN3_OMNI_AUDIO_JOBS = [
+    {"id": "audio_only_ethan", "speaker": "Ethan", "messages": [
+        {"role": "user", "content": [{"type": "input_audio", "recording": "sweep3s_16k_wav"}]}]},
+    {"id": "audio_question_30s_chelsie", "speaker": "Chelsie", "messages": [
+        {"role": "user", "content": [{"type": "input_audio", "recording": "noise30s_16k_wav"},
+                                     {"type": "text", "text": "What is said in this recording?"}]}]},
+    {"id": "audio_44k_flac_aiden", "speaker": "Aiden", "system": "You are a helpful assistant.", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Listen:"},
+                                     {"type": "input_audio", "recording": "sweep2s_44k_flac"},
+                                     {"type": "text", "text": "Describe the sound."}]}]},
+    {"id": "two_recordings_mp3_ethan", "speaker": "Ethan", "messages": [
+        {"role": "user", "content": [{"type": "input_audio", "recording": "sweep1s_44k_mp3"},
+                                     {"type": "input_audio", "recording": "tone_half_s_16k_wav"},
+                                     {"type": "text", "text": "Which of the two is louder?"}]}]},
+    {"id": "multiturn_earlier_audio_chelsie", "speaker": "Chelsie", "messages": [
+        {"role": "user", "content": [{"type": "input_audio", "recording": "sweep3s_16k_wav"},
+                                     {"type": "text", "text": "What does it say?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": _HISTORY_ANSWER}]},
+        {"role": "user", "content": [{"type": "text", "text": "Say it again, in fewer words."}]}]},
+    {"id": "audio_text_answer_only", "speaker": "Ethan", "return_audio": False, "messages": [
+        {"role": "user", "content": [{"type": "input_audio", "recording": "tone_half_s_16k_wav"},
+                                     {"type": "text", "text": "Transcribe it."}]}]},
+]
+
+
+def recording_bytes(name: str) -> bytes:
+    """The encoded file of recording ``name`` (deterministic)."""
+    import io
+    import zlib
+
+    import soundfile as sf
+
+    seconds, rate, container = QWEN3_OMNI_RECORDINGS[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    t = np.arange(int(seconds * rate)) / rate
+    sweep = 0.3 * np.sin(2 * np.pi * (200 + 300 * t / max(seconds, 1e-3)) * t)
+    signal = (sweep + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+    subtype = {"wav": "FLOAT", "flac": "PCM_16", "mp3": "MPEG_LAYER_III"}[container]
+    handle = io.BytesIO()
+    sf.write(handle, signal, rate, format=container.upper(), subtype=subtype)
+    return handle.getvalue()
+
+
+def recording_part(name: str) -> dict:
+    """OpenAI's ``input_audio`` content part of recording ``name``."""
+    import base64
+
+    container = QWEN3_OMNI_RECORDINGS[name][2]
+    return {"type": "input_audio",
+            "input_audio": {"data": base64.b64encode(recording_bytes(name)).decode(), "format": container}}
+
+
+def audio_job_messages(job: dict, form: str) -> list[dict]:
+    """A job's messages with each recording as ``form``: "openai" (``input_audio`` parts) or a
+    folder path string for the oracle (``{"type": "audio", "audio_npy": ...}`` parts; the npy files
+    are written there: the waveform the server's media module decodes)."""
+    from omni_backend.models.qwen3_omni.media import decode_input_audio
+
+    out = []
+    if job.get("system"):
+        out.append({"role": "system", "content": [{"type": "text", "text": job["system"]}]})
+    for message in job["messages"]:
+        parts = []
+        for part in message["content"]:
+            if part["type"] != "input_audio":
+                parts.append(part)
+            elif form == "openai":
+                parts.append(recording_part(part["recording"]))
+            else:
+                path = Path(form) / f"{part['recording']}.npy"
+                if not path.exists():
+                    recording = decode_input_audio(recording_part(part["recording"]), "part", 16000, 160)
+                    np.save(path, recording.waveform)
+                parts.append({"type": "audio", "audio_npy": str(path)})
+        out.append({**message, "content": parts})
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen3_omni_audio_reference(qwen3_omni_checkpoints, tmp_path_factory) -> dict[str, dict]:
+    """One oracle run per shape over every audio job: ``{shape: {"jobs": {id: ...}, ...}}``."""
+    require_qwen3_omni_oracle()
+    root = tmp_path_factory.mktemp("qwen3_omni_audio_oracle")
+    recordings = root / "recordings"
+    recordings.mkdir()
+    jobs = [{key: value for key, value in job.items() if key not in ("messages", "system")}
+            | {"messages": audio_job_messages(job, str(recordings))} for job in QWEN3_OMNI_AUDIO_JOBS]
+    result = {}
+    for shape, checkpoint in qwen3_omni_checkpoints.items():
+        dump = run_qwen3_omni_oracle(checkpoint, jobs, root / shape)
+        result[shape] = {"checkpoint": checkpoint, "out": root / shape, **dump}
+    return result

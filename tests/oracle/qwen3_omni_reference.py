@@ -11,7 +11,16 @@ JOBS.json is a list of jobs; a job is a dict:
      "speaker": "Ethan", "return_audio": true,
      "thinker_max_new_tokens": 64, "talker_max_new_tokens": 128, "talker_repetition_penalty": 1.05}
 
-Only ``id`` and one of ``prompt`` / ``messages`` are required. A plain ``prompt`` becomes
+Only ``id`` and one of ``prompt`` / ``messages`` are required. A user message's content may hold
+``{"type": "audio", "audio_npy": PATH}`` parts: a float32 waveform at 16 kHz saved with numpy. As the
+released processor does, every recording of the chat goes through the checkpoint's
+``WhisperFeatureExtractor`` in one call (``padding=True``, no truncation, attention mask), each
+``<|audio_pad|>`` of the rendered text is replaced by as many as the audio encoder yields for it,
+and ``input_features`` / ``feature_attention_mask`` go to ``generate``. The processor class itself
+is not built (it requires torchvision, whose registry wheels do not import beside a CPU-only
+torch); the steps above are its ``_process_audio`` and text replacement. Because the talker's
+``get_rope_index`` reads ``config.audio_config`` (absent from the talker config) whenever a prompt
+holds media, the talker config is given the thinker's audio config before generating. A plain ``prompt`` becomes
 ``[system?, user]`` messages with ``[{"type": "text", "text": ...}]`` content, as the released
 processor's examples write them. The prompt ids come from the checkpoint's chat template through
 ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``: for text-only chats that is
@@ -71,14 +80,53 @@ def _loading_info(info: dict) -> dict:
             ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")}
 
 
-def _run_job(model, tokenizer, job: dict) -> tuple[dict, dict]:
+def _media(messages: list[dict]) -> tuple[list[dict], list]:
+    """The messages as the template sees them, and the recordings in order."""
+    import numpy as np
+
+    out, recordings = [], []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if part.get("type") == "audio":
+                    recordings.append(np.load(part["audio_npy"]).astype(np.float32))
+                    parts.append({"type": "audio", "audio": f"recording {len(recordings)}"})
+                else:
+                    parts.append(part)
+            content = parts
+        out.append({**message, "content": content})
+    return out, recordings
+
+
+def _expand_audio(prompt_text: str, counts: list[int], token: str = "<|audio_pad|>") -> str:
+    pieces = prompt_text.split(token)
+    if len(pieces) - 1 != len(counts):
+        raise SystemExit(f"{len(pieces) - 1} audio placeholders for {len(counts)} recordings")
+    return pieces[0] + "".join(token * n + rest for n, rest in zip(counts, pieces[1:]))
+
+
+def _run_job(model, tokenizer, job: dict, feature_extractor=None) -> tuple[dict, dict]:
     import numpy as np
     import torch
 
     job = {**DEFAULTS, **job}
-    messages = job_messages(job)
+    messages, recordings = _media(job_messages(job))
     prompt_text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    media = {}
+    if recordings:
+        from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+        features = feature_extractor(recordings, sampling_rate=16000, padding=True, truncation=False,
+                                     return_attention_mask=True, return_tensors="pt")
+        mask = features["attention_mask"]
+        counts = _get_feat_extract_output_lengths(mask.sum(-1), model.config.thinker_config.audio_config.n_window)
+        prompt_text = _expand_audio(prompt_text, [int(n) for n in counts])
+        media = {"input_features": features["input_features"], "feature_attention_mask": mask}
     input_ids = torch.tensor([tokenizer(prompt_text, add_special_tokens=False)["input_ids"]], dtype=torch.long)
+    if media:
+        media["attention_mask"] = torch.ones_like(input_ids)
 
     captured: dict = {}
     talker_generate = model.talker.generate
@@ -106,6 +154,7 @@ def _run_job(model, tokenizer, job: dict) -> tuple[dict, dict]:
             talker_repetition_penalty=float(job["talker_repetition_penalty"]),
             thinker_do_sample=False,
             talker_do_sample=False,
+            **media,
         )
     finally:
         del model.talker.generate, model.code2wav.chunked_decode
@@ -165,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         args.checkpoint, dtype=torch.float32, output_loading_info=True)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+    from transformers import WhisperFeatureExtractor
+
+    feature_extractor = WhisperFeatureExtractor.from_pretrained(args.checkpoint)
+    # the talker's get_rope_index reads audio_config, which only the thinker config carries
+    model.talker.config.audio_config = model.config.thinker_config.audio_config
     meta = {
         "checkpoint": os.path.abspath(args.checkpoint),
         "load_seconds": time.perf_counter() - started,
@@ -177,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     summaries = {}
     for job in jobs:
-        arrays, summary = _run_job(model, tokenizer, job)
+        arrays, summary = _run_job(model, tokenizer, job, feature_extractor)
         np.savez(os.path.join(args.out, f"{job['id']}.npz"), **arrays)
         summaries[job["id"]] = summary
         print(f"[omni-oracle] {job['id']}: {summary['generated']} tokens, {summary.get('frames', 0)} frames, "

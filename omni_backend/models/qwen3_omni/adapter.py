@@ -1,9 +1,12 @@
 """Request fields of Qwen3-Omni (thinker -> talker -> code2wav): a chat turn in, text and speech out.
 
 TEXT is the user's new message. PARAMS ``messages`` (optional) is the conversation before it,
-OpenAI-style ``{"role": "system" | "user" | "assistant", "content": str or [{"type": "text",
-"text": ...}]}`` (a system message only first); ``system`` is a system prompt (not together with a
-system message). The thinker answers; ``return_audio: false`` skips the talker and code2wav (a
+OpenAI-style ``{"role": "system" | "user" | "assistant", "content": str or a list of parts}`` (a
+system message only first); a part is ``{"type": "text", "text": ...}`` or, in user messages,
+``{"type": "input_audio", "input_audio": {"data": <base64>, "format": "wav" | "mp3" | ...}}``.
+PARAMS ``content`` (optional) holds parts of the new message that come before TEXT (a recording,
+then the question about it); with ``content``, TEXT may be empty (a spoken question alone).
+``system`` is a system prompt (not together with a system message). The thinker answers; ``return_audio: false`` skips the talker and code2wav (a
 text-only stream). Sampling: the thinker's (``max_tokens``, ``do_sample``, ``temperature`` (0 =
 greedy), ``top_k``, ``top_p``, ``repetition_penalty``, ``seed``) and the talker's (``talker_*``;
 the code predictor follows the talker's ``do_sample`` as in the reference).
@@ -19,8 +22,18 @@ from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter, deco
 from omni_backend.errors import InvalidRequest
 
 DEFAULT_SPEAKER = "ethan"
-MAX_MESSAGES_BYTES = 1024 * 1024
+# the conversation with its recordings (base64): several 30-s recordings fit
+MAX_MESSAGES_BYTES = 48 * 1024 * 1024
 TALKER_STAGES = frozenset({1})   # skipping the talker skips code2wav too (PipelineConfig.stages_run)
+
+
+def _blank(text: bytes | str) -> bool:
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return False   # decode_text names the problem
+    return isinstance(text, str) and not text.strip()
 
 
 class Qwen3OmniAdapter(TTSAdapter):
@@ -74,6 +87,8 @@ class Qwen3OmniAdapter(TTSAdapter):
             if d["name"] == "speaker":
                 d.update(choices=self.speakers, default=self.default_speaker())
         params.append({"name": "messages", "type": "list", "help": "the conversation before TEXT"})
+        params.append({"name": "content", "type": "list",
+                       "help": "parts of the new message before TEXT (text, input_audio)"})
         # `chat`: TEXT is a user turn answered by the model (PARAMS `messages`: the turns before it)
         return {"params": params, "voices": self.speakers, "default_voice": self.default_speaker(), "clones_voices": False,
                 "chat": True}
@@ -82,16 +97,35 @@ class Qwen3OmniAdapter(TTSAdapter):
         raw = params if isinstance(params, dict) else decode_params(params, self.max_params_bytes)
         raw = dict(raw)
         history = raw.pop("messages", None)
-        request = super().validate(text, raw)
+        content = raw.pop("content", None)
+        if content is not None and (not isinstance(content, list) or not content):
+            raise InvalidRequest("content", "must be a non-empty list of content parts (the new message before TEXT)")
+        if content is not None and _blank(text):
+            text = ""   # a message of media alone: TEXT adds nothing
+            request = super().validate(" ", raw)
+            request["text"] = ""
+        else:
+            request = super().validate(text, raw)
         if history is not None and not isinstance(history, list):
             raise InvalidRequest("messages", "must be a list of {role, content} (the conversation before TEXT)")
         messages = list(history or [])
         if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system" \
                 and request.get("system") is not None:
             raise InvalidRequest("system", "given twice: as the system parameter and as a system message")
-        messages.append({"role": "user", "content": request["text"]})
-        # Renders and tokenizes the real prompt: raises InvalidRequest naming messages[i].role / .content.
-        self.builder.build(messages=messages, system=request.get("system"))
+        if content is None:
+            messages.append({"role": "user", "content": request["text"]})
+        else:
+            new = list(content) + ([{"type": "text", "text": request["text"]}] if request["text"] else [])
+            messages.append({"role": "user", "content": new})
+        # Renders and tokenizes the real prompt, decoding its recordings: raises InvalidRequest naming
+        # messages[i].role / .content[j]
+        try:
+            self.builder.build_prompt(messages=messages, system=request.get("system"))
+        except InvalidRequest as error:
+            if content is not None and error.field.startswith(f"messages[{len(messages) - 1}].content"):
+                raise InvalidRequest("content" + error.field[len(f"messages[{len(messages) - 1}].content"):],
+                                     error.reason) from None
+            raise
         request["messages"] = messages
         return request
 

@@ -1,7 +1,7 @@
 """The thinker -> talker edge: one talker stream per request, fed the thinker's tokens while it writes.
 
-The thinker's first output is its prompt ids; the talker stream opens with them and the client's
-request. Each later chunk of ``thinker_chunk_tokens`` tokens (the talker stage's deploy option) is
+The thinker's first output is its prompt ids (and, for a prompt with media, its hidden states at
+the placeholders); the talker stream opens with them and the client's request. Each later chunk of ``thinker_chunk_tokens`` tokens (the talker stage's deploy option) is
 appended to the running talker stream (``StageCall.append``), the rest with the end of the
 answer. Appends are sent one at a time, in order, from a task of their own, so the talker's
 frames flow out while the thinker still writes; a thinker that fails ends the talker's stream
@@ -34,7 +34,8 @@ class AnswerHandoff(Transfer):
         first = await stage.wait(thinker.__anext__())
         if "PROMPT_IDS" not in first:
             raise RuntimeError("the thinker's first output must carry PROMPT_IDS")
-        talker = stage.stream({"PROMPT_IDS": first["PROMPT_IDS"]}, request=request)
+        opening = {name: first[name] for name in ("PROMPT_IDS", "PROMPT_HIDDEN") if name in first}
+        talker = stage.stream(opening, request=request)
         feeder = asyncio.ensure_future(self._feed(thinker, talker, stage))
         frames = talker.__aiter__()
         step: asyncio.Future | None = None

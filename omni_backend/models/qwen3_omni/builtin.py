@@ -16,7 +16,7 @@ BUILTIN = {
     # name: (shape, seed, thinker_eos_after, talker_eos_after)
     "qwen3_omni_tiny_random": ("tiny", 0, 48, 64),
 }
-_VERSION = "v1"  # bump when the writer changes what it writes
+_VERSION = "v2"  # bump when the writer changes what it writes
 
 
 def resolve_checkpoint(model: str) -> str:

@@ -2,10 +2,11 @@
 our modules: ``config.json``, ``model.safetensors`` or sharded ``model-*.safetensors`` with
 ``model.safetensors.index.json``, and the text tokenizer and chat template.
 
-Only the parts text-only serving needs are read, each strictly (a missing or unexpected tensor
-is an error naming it): ``thinker.model.*`` + ``thinker.lm_head`` (not ``thinker.audio_tower``
-nor ``thinker.visual``), ``talker.*`` and ``code2wav.*``. With a sharded checkpoint only the
-shards that hold a wanted tensor are opened. code2wav is always Float32.
+Each part is read strictly (a missing or unexpected tensor is an error naming it): ``thinker``
+(``thinker.model.*`` + ``thinker.lm_head``), ``audio_tower`` (``thinker.audio_tower.*``, with the
+processor's ``preprocessor_config.json``), ``talker.*`` and ``code2wav.*``; ``thinker.visual`` is
+not read yet. With a sharded checkpoint only the shards that hold a wanted tensor are opened.
+code2wav is always Float32.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from torch import nn
 from omni_backend.models.qwen3_tts.checkpoint import parse_dtype
 from omni_backend.models.qwen3_tts.tokenizer import QwenTextTokenizer
 
+from .audio_features import AudioFeatureExtractor
+from .audio_tower import AudioTower
 from .code2wav import Code2Wav
 from .config import Qwen3OmniConfig, load_config
 from .moe import SparseMoeBlock
@@ -29,8 +32,8 @@ from .thinker import Thinker
 
 __all__ = ["Qwen3OmniCheckpoint", "load_checkpoint", "load_thinker_embedding", "ThinkerEmbedding", "PARTS"]
 
-PARTS = ("thinker", "talker", "code2wav")
-# thinker tensors text-only input never reads
+PARTS = ("thinker", "audio_tower", "talker", "code2wav")
+# thinker tensors the thinker's text model does not hold (its encoders are parts of their own)
 _SKIPPED_THINKER = ("thinker.audio_tower.", "thinker.visual.")
 
 
@@ -40,14 +43,16 @@ class Qwen3OmniCheckpoint:
     config: Qwen3OmniConfig
     tokenizer: QwenTextTokenizer | None  # None: the folder has no tokenizer files (prompt ids only)
     chat_template: ChatTemplate
+    features: AudioFeatureExtractor = AudioFeatureExtractor()
     thinker: Thinker | None = None
+    audio_tower: AudioTower | None = None
     talker: Talker | None = None
     code2wav: Code2Wav | None = None
 
     def prompt_builder(self) -> PromptBuilder:
         if self.tokenizer is None:
             raise FileNotFoundError(f"{self.path}: no tokenizer.json (or vocab.json + merges.txt)")
-        return PromptBuilder(self.config, self.tokenizer, self.chat_template)
+        return PromptBuilder(self.config, self.tokenizer, self.chat_template, self.features)
 
 
 def _weight_map(checkpoint_dir: str) -> dict[str, str]:
@@ -118,13 +123,20 @@ def load_checkpoint(checkpoint_dir: str, dtype: torch.dtype | str = torch.float3
         tokenizer: QwenTextTokenizer | None = QwenTextTokenizer(checkpoint_dir, dict(config.raw))
     except FileNotFoundError:
         tokenizer = None
-    checkpoint = Qwen3OmniCheckpoint(checkpoint_dir, config, tokenizer, ChatTemplate.from_checkpoint(checkpoint_dir))
+    checkpoint = Qwen3OmniCheckpoint(checkpoint_dir, config, tokenizer, ChatTemplate.from_checkpoint(checkpoint_dir),
+                                     AudioFeatureExtractor.from_checkpoint(checkpoint_dir))
     weights = _weight_map(checkpoint_dir)
     if "thinker" in parts:
         with torch.device("meta"):
             thinker = Thinker(config.thinker)
         _load_into(thinker, _read(weights, "thinker.", _SKIPPED_THINKER), "thinker.", checkpoint_dir, dtype, device)
         checkpoint.thinker = thinker
+    if "audio_tower" in parts and config.audio is not None:
+        with torch.device("meta"):
+            audio_tower = AudioTower(config.audio)
+        _load_into(audio_tower, _read(weights, "thinker.audio_tower."), "thinker.audio_tower.", checkpoint_dir,
+                   dtype, device)
+        checkpoint.audio_tower = audio_tower
     if "talker" in parts:
         with torch.device("meta"):
             talker = Talker(config.talker)

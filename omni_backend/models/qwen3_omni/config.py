@@ -1,10 +1,10 @@
 """Configuration of a Qwen3-Omni checkpoint (``Qwen3-Omni-30B-A3B-Instruct`` layout), read from its
 ``config.json``.
 
-Only what text-only serving needs is parsed: the thinker's text model
-(``thinker_config.text_config``), the talker (``talker_config``: its MoE text model, the code
-predictor, codec and speaker ids), ``code2wav_config`` and the top-level chat / TTS token ids.
-The audio and vision encoder sections are ignored.
+Parsed: the thinker's text model (``thinker_config.text_config``), its audio encoder
+(``thinker_config.audio_config``) and media token ids, the talker (``talker_config``: its MoE text
+model, the code predictor, codec and speaker ids), ``code2wav_config`` and the top-level chat / TTS
+token ids. The vision encoder section is not read yet.
 
 Two spellings of the rotary settings are read: the released one (``rope_theta`` plus
 ``rope_scaling`` with ``mrope_section``), and the one transformers 5 writes (``rope_parameters``).
@@ -27,6 +27,7 @@ __all__ = [
     "CodePredictorConfig",
     "TalkerConfig",
     "Code2WavConfig",
+    "AudioTowerConfig",
     "Qwen3OmniConfig",
     "load_config",
 ]
@@ -302,6 +303,57 @@ class Code2WavConfig:
 
 
 @dataclass(frozen=True)
+class AudioTowerConfig:
+    """``thinker_config.audio_config``; defaults are the reference's ``Qwen3OmniMoeAudioEncoderConfig``."""
+
+    num_mel_bins: int = 128
+    d_model: int = 1280
+    encoder_layers: int = 32
+    encoder_attention_heads: int = 20
+    encoder_ffn_dim: int = 5120
+    activation_function: str = "gelu"
+    max_source_positions: int = 1500
+    scale_embedding: bool = False
+    n_window: int = 50
+    n_window_infer: int = 800
+    conv_chunksize: int = 500
+    downsample_hidden_size: int = 480
+    output_dim: int = 3584
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "AudioTowerConfig":
+        where = "thinker_config.audio_config."
+        d = cls
+        values = {name: type(getattr(d, name))(raw.get(name, getattr(d, name))) for name in (
+            "num_mel_bins", "d_model", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim",
+            "activation_function", "max_source_positions", "scale_embedding", "n_window", "n_window_infer",
+            "conv_chunksize", "downsample_hidden_size", "output_dim")}
+        config = cls(**values)
+        if config.d_model % config.encoder_attention_heads:
+            raise ConfigError(f"{where}encoder_attention_heads: {config.encoder_attention_heads} does not divide "
+                              f"d_model {config.d_model}")
+        if config.d_model % 2:
+            raise ConfigError(f"{where}d_model: {config.d_model} must be even (sinusoid positions)")
+        if config.n_window < 1 or config.n_window_infer < 2 * config.n_window:
+            raise ConfigError(f"{where}n_window_infer: {config.n_window_infer} must be at least 2 * n_window "
+                              f"({2 * config.n_window})")
+        return config
+
+    @property
+    def chunk_frames(self) -> int:
+        """Mel frames per encoder chunk (``n_window * 2``)."""
+        return self.n_window * 2
+
+    def output_length(self, mel_frames: int) -> int:
+        """Audio tokens (placeholders) for ``mel_frames`` feature frames: three stride-2 convolutions
+        per ``n_window * 2``-frame chunk (13 tokens per full chunk of 100), as the reference counts."""
+        chunk = self.chunk_frames
+        leave = mel_frames % chunk
+        lengths = (leave - 1) // 2 + 1
+        return ((lengths - 1) // 2 + 1 - 1) // 2 + 1 + (mel_frames // chunk) * 13
+
+
+@dataclass(frozen=True)
 class Qwen3OmniConfig:
     thinker: MoeTextConfig
     talker: TalkerConfig
@@ -319,6 +371,11 @@ class Qwen3OmniConfig:
     audio_token_id: int = 151646
     image_token_id: int = 151655
     video_token_id: int = 151656
+    audio_start_token_id: int = 151669
+    audio_end_token_id: int = 151670
+    vision_start_token_id: int = 151652
+    vision_end_token_id: int = 151653
+    audio: AudioTowerConfig | None = None   # None: the checkpoint config has no audio encoder
     transformers_version: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -343,12 +400,20 @@ class Qwen3OmniConfig:
                               ("assistant_token_id", 77091)):
             ids[name] = int(raw.get(name, default))
         for name, default in (("audio_token_id", 151646), ("image_token_id", 151655),
-                              ("video_token_id", 151656)):
+                              ("video_token_id", 151656), ("audio_start_token_id", 151669),
+                              ("audio_end_token_id", 151670), ("vision_start_token_id", 151652),
+                              ("vision_end_token_id", 151653)):
             ids[name] = int(thinker_raw.get(name, default))
+        audio_raw = thinker_raw.get("audio_config")
+        audio = AudioTowerConfig.from_dict(audio_raw) if isinstance(audio_raw, Mapping) else None
+        if audio is not None and audio.output_dim != thinker.hidden_size:
+            raise ConfigError(f"thinker_config.audio_config.output_dim: {audio.output_dim} differs from the "
+                              f"thinker's hidden_size {thinker.hidden_size} (audio features replace token embeddings)")
         return cls(
             thinker=thinker,
             talker=talker,
             code2wav=Code2WavConfig.from_dict(raw.get("code2wav_config") or {}),
+            audio=audio,
             enable_audio_output=bool(raw.get("enable_audio_output", True)),
             transformers_version=raw.get("transformers_version"),
             raw=raw,

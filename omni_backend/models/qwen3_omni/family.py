@@ -1,7 +1,8 @@
 """Qwen3-Omni pipelines: thinker -> talker (+ code predictor) -> code2wav.
 
-Stage 0 (``thinker``, fed the client's chat turn) streams the answer: its prompt ids first
-(PROMPT_IDS), then per token TOKEN_IDS and the text it completes (TEXT_DELTA, to the client as it
+Stage 0 (``thinker``, fed the client's chat turn; its audio tower encodes the recordings in it)
+streams the answer: its prompt ids first (PROMPT_IDS, with PROMPT_HIDDEN: the hidden states the
+talker reads at media placeholders), then per token TOKEN_IDS and the text it completes (TEXT_DELTA, to the client as it
 arrives), and FINISH_REASON with the last. The transfer :class:`.answer_handoff.AnswerHandoff`
 opens one talker stream per request and hands it the thinker's tokens in chunks of the talker's
 ``thinker_chunk_tokens`` while both run; the talker starts once its prefill can be built and waits,
@@ -32,13 +33,15 @@ def _qwen3_omni(name: str, description: str, default_model: str | None) -> Pipel
         default_model=default_model,
         stages=(
             StageConfig(stage_id=0, model_stage="thinker", kind="stream",
-                        outputs=(TensorSpec("PROMPT_IDS", "INT64", (-1,)), TensorSpec("TOKEN_IDS", "INT64", (-1,)),
+                        outputs=(TensorSpec("PROMPT_IDS", "INT64", (-1,)), TensorSpec("PROMPT_HIDDEN", "FP32", (-1, -1)),
+                                 TensorSpec("TOKEN_IDS", "INT64", (-1,)),
                                  TensorSpec("TEXT_DELTA", "STRING", (1,)), TensorSpec("FINISH_REASON", "STRING", (1,)),
                                  TensorSpec("ERROR", "STRING", (1,))),   # its errors, as data (triton/stage.py)
                         client_outputs=("TEXT_DELTA", "FINISH_REASON"),
                         triton_class="omni_backend.models.qwen3_omni.thinker_stage.ThinkerStage"),
             StageConfig(stage_id=1, model_stage="talker", kind="stream", input_sources=(0,), options=TALKER_OPTIONS,
                         inputs=(TensorSpec("PROMPT_IDS", "INT64", (-1,), optional=True),
+                                TensorSpec("PROMPT_HIDDEN", "FP32", (-1, -1), optional=True),
                                 TensorSpec("TOKEN_IDS", "INT64", (-1,), optional=True)),
                         outputs=(TensorSpec("CODES", "INT64", (-1, -1)), TensorSpec("ERROR", "STRING", (1,))),
                         transfer="omni_backend.models.qwen3_omni.answer_handoff.AnswerHandoff",
@@ -54,8 +57,8 @@ def _qwen3_omni(name: str, description: str, default_model: str | None) -> Pipel
 
 
 PIPELINES = (
-    _qwen3_omni("qwen3_omni", "Qwen3-Omni (thinker -> talker -> code2wav): chat in, text and speech out; "
-                              "text input; needs --model PATH", None),
+    _qwen3_omni("qwen3_omni", "Qwen3-Omni (thinker -> talker -> code2wav): chat in (text and audio), text "
+                              "and speech out; needs --model PATH", None),
     _qwen3_omni("qwen3_omni_tiny_random", "Qwen3-Omni tiny RANDOM weights (writes and speaks nonsense): the "
                                           "three-stage path out of the box", "builtin:qwen3_omni_tiny_random"),
 )

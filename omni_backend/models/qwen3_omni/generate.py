@@ -27,7 +27,8 @@ import torch
 from .checkpoint import Qwen3OmniCheckpoint
 from .code2wav import REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES
 from .layers import text_positions
-from .prompt import COMMON_SHAPE_ROWS, TalkerInput
+from .prompt import COMMON_SHAPE_ROWS, TalkerInput, ThinkerPrompt
+from .prompt_embeds import prompt_embeds
 from .talker import Talker
 from .thinker import Thinker
 
@@ -108,15 +109,17 @@ class ThinkerResult:
 def thinker_generate(thinker: Thinker, prompt_ids: Sequence[int], max_new_tokens: int = 1024,
                      eos_token_ids: Sequence[int] = (151645,), sampling: Sampling = Sampling(),
                      generator: torch.Generator | None = None, accept_layer: int | None = None,
-                     on_tokens: Callable[[list[int], bool], None] | None = None) -> ThinkerResult:
+                     on_tokens: Callable[[list[int], bool], None] | None = None,
+                     inputs_embeds: torch.Tensor | None = None) -> ThinkerResult:
     """Greedy (or sampled) thinker answer to ``prompt_ids``. ``on_tokens(ids, last)`` is called
-    with each new token (``last``: it ends the answer)."""
+    with each new token (``last``: it ends the answer). ``inputs_embeds``: the prompt's layer-0
+    input when it holds media (:func:`~.prompt_embeds.prompt_embeds`)."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     device = thinker.lm_head.weight.device
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
     cache = thinker.new_cache()
-    out = thinker(ids, cache, accept_layer=accept_layer)
+    out = thinker(ids, cache, accept_layer=accept_layer, inputs_embeds=inputs_embeds)
     result = ThinkerResult(list(prompt_ids), [], "length", out.accept_hidden)
     sequence = ids
     eos = set(int(t) for t in eos_token_ids)
@@ -198,31 +201,37 @@ def generate(checkpoint: Qwen3OmniCheckpoint, messages: Sequence[Mapping] | None
              thinker_sampling: Sampling = Sampling(), talker_max_new_tokens: int = TALKER_DEFAULTS["max_new_tokens"],
              talker_sampling: Sampling | None = None, seed: int | None = None,
              prompt_ids: Sequence[int] | None = None) -> OmniResult:
-    """The reference ``Qwen3OmniMoeForConditionalGeneration.generate`` for text-only chat input.
+    """The reference ``Qwen3OmniMoeForConditionalGeneration.generate`` for a chat (text and audio
+    content parts).
 
     ``talker_sampling`` defaults to greedy with the reference's repetition penalty 1.05 (pass
     :data:`TALKER_DEFAULTS` values for the reference's sampling defaults). ``prompt_ids`` skips
-    the chat template (ids as the reference received them)."""
+    the chat template (ids as the reference received them; text only)."""
     config = checkpoint.config
     if prompt_ids is None:
-        prompt_ids = checkpoint.prompt_builder().build(messages, prompt, system)
-    prompt_ids = list(prompt_ids)
+        built = checkpoint.prompt_builder().build_prompt(messages, prompt, system)
+    else:
+        built = ThinkerPrompt(list(prompt_ids))
+    prompt_ids = built.ids
     generator = None
     if seed is not None:
         generator = torch.Generator(device=checkpoint.thinker.lm_head.weight.device).manual_seed(int(seed))
-    text_input = None
-    if return_audio:
-        if checkpoint.talker is None or checkpoint.code2wav is None:
-            raise ValueError("return_audio needs the talker and code2wav (load_checkpoint parts)")
-        # start_rows large: the whole answer is projected at once, the reference's shape
-        text_input = TalkerInput(config, checkpoint.thinker, checkpoint.talker, prompt_ids, speaker,
-                                 start_rows=max(COMMON_SHAPE_ROWS, thinker_max_new_tokens + len(prompt_ids)))
+    if return_audio and (checkpoint.talker is None or checkpoint.code2wav is None):
+        raise ValueError("return_audio needs the talker and code2wav (load_checkpoint parts)")
+    embeds = prompt_embeds(checkpoint.thinker, checkpoint.audio_tower, config, built)
+    # the talker reads the thinker's hidden state accept_hidden_layer at the media placeholders
+    accept = config.talker.accept_hidden_layer if return_audio and built.multimodal else None
     eos = (config.im_end_token_id,) if thinker_eos_token_ids is None else tuple(thinker_eos_token_ids)
     thinker = thinker_generate(checkpoint.thinker, prompt_ids, thinker_max_new_tokens, eos, thinker_sampling,
-                               generator, on_tokens=text_input.add if text_input is not None else None)
+                               generator, accept_layer=accept, inputs_embeds=embeds)
     result = OmniResult(prompt_ids, thinker.sequence, thinker.finish_reason)
-    if text_input is None:
+    if not return_audio:
         return result
+    # the whole answer projected at once: the reference's shape
+    text_input = TalkerInput(config, checkpoint.thinker, checkpoint.talker, prompt_ids, speaker,
+                             prompt_hidden=thinker.prompt_hidden,
+                             start_rows=max(COMMON_SHAPE_ROWS, len(thinker.generated) + len(prompt_ids)))
+    text_input.add(thinker.generated, last=True)
     talker = talker_generate(checkpoint.talker, text_input, talker_max_new_tokens, talker_sampling, generator)
     result.codes, result.talker_finish_reason = talker.codes, talker.finish_reason
     with torch.inference_mode():

@@ -53,21 +53,25 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from omni_backend.errors import InvalidRequest
 from omni_backend.models.qwen3_tts.tokenizer import QwenTextTokenizer
 from omni_backend.models.qwen3_tts.trailing_text import TrailingText
 
+from .audio_features import AudioFeatureExtractor
 from .config import Qwen3OmniConfig
+from .media import AudioLimits, decode_input_audio
 
 __all__ = [
     "PromptError",
     "ChatTemplate",
     "PromptBuilder",
+    "ThinkerPrompt",
     "TalkerInput",
     "COMMON_SHAPE_ROWS",
     "common_shape_rows",
@@ -76,6 +80,8 @@ __all__ = [
     "assistant_start",
 ]
 
+# Placeholder texts of the released tokenizer: client text may not spell them.
+MEDIA_PLACEHOLDERS = ("<|audio_pad|>", "<|image_pad|>", "<|video_pad|>")
 # The smallest "common" row count (see the module docstring).
 COMMON_SHAPE_ROWS = 12
 
@@ -176,25 +182,53 @@ class ChatTemplate:
 def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
-    return "".join(part["text"] for part in content)
+    return "".join("<|audio_start|><|audio_pad|><|audio_end|>" if part["type"] == "audio" else part["text"]
+                   for part in content)
 
 
 # --------------------------------------------------------------------------- thinker prompt
 
 
-class PromptBuilder:
-    """Chat input -> thinker prompt ids. Text-only: a message's content is a string or a list of
-    ``{"type": "text", "text": ...}`` parts."""
+@dataclass
+class ThinkerPrompt:
+    """Thinker input: token ids with each audio placeholder expanded to one id per audio token, and
+    the log-mel features of the recordings, in prompt order (the audio tower turns them into the
+    embeddings of those tokens)."""
 
-    def __init__(self, config: Qwen3OmniConfig, tokenizer: QwenTextTokenizer, template: ChatTemplate) -> None:
+    ids: list[int]
+    audio_features: list[torch.Tensor] = field(default_factory=list)  # [mel_bins, frames] each
+    # the thinker layer whose hidden states at the placeholders the talker reads (None: not wanted),
+    # and those rows once the prefill ran ([placeholders, hidden], float32)
+    hidden_layer: int | None = None
+    media_hidden: torch.Tensor | None = None
+
+    @property
+    def multimodal(self) -> bool:
+        return bool(self.audio_features)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class PromptBuilder:
+    """Chat input -> thinker prompt. A message's content is a string or a list of parts:
+    ``{"type": "text", "text": ...}``, ``{"type": "input_audio", "input_audio": {"data": base64,
+    "format": ...}}`` (OpenAI's), or in process ``{"type": "audio", "audio": <float32 waveform at
+    the feature extractor's rate>}``."""
+
+    def __init__(self, config: Qwen3OmniConfig, tokenizer: QwenTextTokenizer, template: ChatTemplate,
+                 features: AudioFeatureExtractor | None = None, limits: AudioLimits = AudioLimits()) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.template = template
+        self.features = features or AudioFeatureExtractor()
+        self.limits = limits
 
     def messages(self, messages: Sequence[Mapping[str, Any]] | None = None, prompt: str | None = None,
                  system: str | None = None) -> list[dict[str, Any]]:
         """The validated message list: ``messages`` or one user message ``prompt`` (exactly one of
-        them), after an optional ``system`` message."""
+        them), after an optional ``system`` message. Audio parts come back decoded
+        (``{"type": "audio", "audio": waveform}``)."""
         if (messages is None) == (prompt is None):
             raise PromptError("messages", "give either messages or a prompt")
         out: list[dict[str, Any]] = []
@@ -209,6 +243,7 @@ class PromptBuilder:
             return out
         if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
             raise PromptError("messages", "must be a non-empty list of {role, content}")
+        recordings = 0
         for index, message in enumerate(messages):
             where = f"messages[{index}]"
             if not isinstance(message, Mapping):
@@ -218,36 +253,97 @@ class PromptBuilder:
                 raise PromptError(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
             if role == "system" and (out or index):
                 raise PromptError(f"{where}.role", "a system message may only come first")
-            out.append({"role": role, "content": _validated_content(content, f"{where}.content")})
+            content = self._content(content, f"{where}.content", media=role == "user")
+            if not isinstance(content, str):
+                recordings += sum(part["type"] == "audio" for part in content)
+                if recordings > self.limits.max_recordings:
+                    raise PromptError(f"{where}.content", f"more than {self.limits.max_recordings} recordings "
+                                                          "in one conversation")
+            out.append({"role": role, "content": content})
         if out[-1]["role"] == "assistant":
             raise PromptError("messages", "the last message must not be the assistant's (the answer is generated)")
         if not any(m["role"] == "user" for m in out):
             raise PromptError("messages", "needs a user message")
         return out
 
+    def _content(self, content: Any, where: str, media: bool) -> Any:
+        if isinstance(content, str):
+            _check_text(content, where, self.config)
+            return content
+        if not isinstance(content, Sequence) or isinstance(content, bytes) or not content:
+            raise PromptError(where, "must be a string or a non-empty list of content parts")
+        parts = []
+        for index, part in enumerate(content):
+            at = f"{where}[{index}]"
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                _check_text(part["text"], f"{at}.text", self.config)
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind in ("input_audio", "audio") and not media:
+                raise PromptError(at, "audio is read in user messages only")
+            elif kind == "input_audio":
+                if self.config.audio is None:
+                    raise PromptError(at, "this checkpoint has no audio encoder (thinker_config.audio_config)")
+                recording = decode_input_audio(part, at, self.features.sampling_rate, self.features.hop_length,
+                                               self.limits)
+                parts.append({"type": "audio", "audio": recording.waveform})
+            elif kind == "audio" and hasattr(part.get("audio"), "shape"):
+                parts.append({"type": "audio", "audio": np.asarray(part["audio"], dtype=np.float32).reshape(-1)})
+            else:
+                raise PromptError(at, "must be {type: text, text} or {type: input_audio, input_audio: "
+                                      "{data, format}}")
+        return parts
+
     def text(self, messages: Sequence[Mapping[str, Any]] | None = None, prompt: str | None = None,
              system: str | None = None) -> str:
-        return self.template.render(self.messages(messages, prompt, system), add_generation_prompt=True)
+        return self._render(self.messages(messages, prompt, system))
+
+    def _render(self, messages: list[dict[str, Any]]) -> str:
+        rendered = [m if isinstance(m["content"], str) else
+                    {"role": m["role"], "content": [{"type": "audio"} if p["type"] == "audio" else p
+                                                    for p in m["content"]]}
+                    for m in messages]
+        return self.template.render(rendered, add_generation_prompt=True)
+
+    def build_prompt(self, messages: Sequence[Mapping[str, Any]] | None = None, prompt: str | None = None,
+                     system: str | None = None) -> ThinkerPrompt:
+        """The thinker prompt (ids ending with ``<|im_start|>assistant\\n``): the template's text
+        tokenized, each ``<|audio_pad|>`` expanded to the recording's audio token count (as the
+        reference processor expands it), and the recordings' features."""
+        validated = self.messages(messages, prompt, system)
+        ids = self.tokenizer.encode(self._render(validated))
+        recordings = [p["audio"] for m in validated if not isinstance(m["content"], str)
+                      for p in m["content"] if p["type"] == "audio"]
+        features = self.features(recordings) if recordings else []
+        audio_id = self.config.audio_token_id
+        if ids.count(audio_id) != len(recordings):
+            raise PromptError("messages", f"the chat template wrote {ids.count(audio_id)} audio placeholders for "
+                                          f"{len(recordings)} recordings")
+        if recordings:
+            counts = iter(self.config.audio.output_length(int(f.shape[-1])) for f in features)
+            expanded: list[int] = []
+            for token in ids:
+                expanded += [audio_id] * next(counts) if token == audio_id else [token]
+            ids = expanded
+        assistant_start(ids, self.config)  # the talker needs the assistant header
+        return ThinkerPrompt(ids, features)
 
     def build(self, messages: Sequence[Mapping[str, Any]] | None = None, prompt: str | None = None,
               system: str | None = None) -> list[int]:
-        """Thinker prompt ids, ending with the assistant header ``<|im_start|>assistant\\n``."""
-        ids = self.tokenizer.encode(self.text(messages, prompt, system))
-        assistant_start(ids, self.config)  # the talker needs the assistant header
-        return ids
+        """Thinker prompt ids of a text-only chat, ending with the assistant header
+        ``<|im_start|>assistant\\n``."""
+        built = self.build_prompt(messages, prompt, system)
+        if built.multimodal:
+            raise PromptError("messages", "holds media: use build_prompt")
+        return built.ids
 
 
-def _validated_content(content: Any, where: str) -> Any:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, Sequence) or isinstance(content, bytes) or not content:
-        raise PromptError(where, "must be a string or a non-empty list of text parts")
-    parts = []
-    for index, part in enumerate(content):
-        if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise PromptError(f"{where}[{index}]", "only {type: text, text: ...} parts are supported (text input)")
-        parts.append({"type": "text", "text": part["text"]})
-    return parts
+def _check_text(text: str, where: str, config: Qwen3OmniConfig) -> None:
+    """Client text may not spell a media placeholder: it would be read as one (and the reference
+    processor would expand it)."""
+    for token in MEDIA_PLACEHOLDERS:
+        if token in text:
+            raise PromptError(where, f"must not contain the placeholder {token} (send media as content parts)")
 
 
 # --------------------------------------------------------------------------- talker input
@@ -291,8 +387,9 @@ class TalkerInput:
         """``thinker``: anything with the thinker's ``embed(ids)`` (a :class:`~.thinker.Thinker`, or
         a holder of its ``embed_tokens`` table only: the talker reads token embeddings, not hidden
         states, for text); ``talker``: a :class:`~.talker.Talker`; ``prompt_hidden``: the thinker's
-        hidden state ``accept_hidden_layer`` over the prompt ``[1, L, thinker_hidden]``, needed
-        only when the prompt has multimodal placeholders."""
+        hidden state ``accept_hidden_layer`` over the prompt ``[1, L, thinker_hidden]``, or its rows
+        at the multimodal placeholders only ``[placeholders, thinker_hidden]`` (what the thinker
+        stage sends), needed only when the prompt has multimodal placeholders."""
         self.config = config
         self.thinker = thinker
         self.talker = talker
@@ -328,7 +425,11 @@ class TalkerInput:
         if bool(multimodal.any()):
             if prompt_hidden is None:
                 raise PromptError("messages", "multimodal placeholders need the thinker's hidden states")
-            part[0, multimodal] = talker.hidden_projection(prompt_hidden[0, multimodal])
+            rows = prompt_hidden[0, multimodal] if prompt_hidden.dim() == 3 else prompt_hidden
+            if rows.shape[0] != int(multimodal.sum()):
+                raise ValueError(f"{rows.shape[0]} hidden rows for {int(multimodal.sum())} multimodal placeholders")
+            weight = talker.hidden_projection.linear_fc1.weight
+            part[0, multimodal] = talker.hidden_projection(rows.to(weight.device, weight.dtype))
         # all text positions of the prompt in one matmul (the reference's shape), user rows kept
         part[0, ~multimodal] = talker.text_projection(embeds[0, ~multimodal])
         keep = torch.tensor(user_positions(ids, config), dtype=torch.long, device=prompt.device)

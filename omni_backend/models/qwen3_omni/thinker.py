@@ -3,8 +3,9 @@ text answer.
 
 ``thinker.model.embed_tokens``, ``thinker.model.layers.{i}`` (attention with q/k norms, then a
 sparse MoE block or, for ``mlp_only_layers`` / ``decoder_sparse_step``, a dense MLP),
-``thinker.model.norm`` and ``thinker.lm_head``. The audio and vision encoders
-(``thinker.audio_tower``, ``thinker.visual``) are not loaded: text-only input.
+``thinker.model.norm`` and ``thinker.lm_head``. The encoders are modules of their own
+(:class:`~.audio_tower.AudioTower`); their output replaces the token embeddings at the
+placeholders (:meth:`Thinker.merge_media`), as the reference's ``masked_scatter`` does.
 
 A forward returns what the talker needs besides the logits: the layer-0 input embeddings of the
 tokens it ran (the talker's text channel is ``text_projection`` of them) and, when asked, the
@@ -67,14 +68,25 @@ class Thinker(nn.Module):
         """Token embeddings ``[..., hidden]`` of ``ids``."""
         return self.model.embed_tokens(ids)
 
+    def merge_media(self, ids: torch.Tensor, placeholder_id: int, media: torch.Tensor) -> torch.Tensor:
+        """Token embeddings of ``ids`` ``[1, L]`` with ``media`` ``[n, hidden]`` (an encoder's output,
+        in order) at the ``n`` positions holding ``placeholder_id``."""
+        embeds = self.embed(ids)
+        mask = (ids == placeholder_id).unsqueeze(-1)
+        if int(mask.sum()) != media.shape[0]:
+            raise ValueError(f"{int(mask.sum())} placeholders for {media.shape[0]} media embeddings")
+        return embeds.masked_scatter(mask.to(embeds.device), media.to(embeds.device, embeds.dtype))
+
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
-                accept_layer: int | None = None, logits_rows: int | None = None) -> ThinkerOutput:
+                accept_layer: int | None = None, logits_rows: int | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> ThinkerOutput:
         """Run ``ids`` ``[1, L]`` after the ``cache``'s positions (text positions unless
         ``position_ids`` ``[3, 1, L]`` are given). The LM head runs over all ``L`` positions, as
         the reference's prefill does, or over the last ``logits_rows`` only (a long prompt's
         ``[L, vocab]`` logits are large; the last row's bits equal the all-rows ones when both
-        row counts are common shapes, see :mod:`.prompt`)."""
-        embeds = self.embed(ids)
+        row counts are common shapes, see :mod:`.prompt`). ``inputs_embeds``: the layer-0 input
+        instead of ``ids``' embeddings (media merged in, :meth:`merge_media`)."""
+        embeds = self.embed(ids) if inputs_embeds is None else inputs_embeds
         if position_ids is None:
             start = cache.length if cache is not None else 0
             position_ids = text_positions(start, ids.shape[1], ids.device)

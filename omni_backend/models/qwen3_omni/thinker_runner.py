@@ -9,6 +9,12 @@ penalty over prompt and answer ids (transformers' rule).
 
 The engine's stop rules apply as for any LM (eos is not a frame; ``max_new_tokens`` frames at
 most); the stage turns each frame into the token the talker reads and a text delta.
+
+A prompt with media (a :class:`~.prompt.ThinkerPrompt` holding audio features) is encoded in the
+prefill, on the engine's thread: the audio tower runs over the request's recordings and its output
+replaces the placeholder embeddings. When the prompt asks for it (``hidden_layer``), the prefill
+keeps the thinker's hidden state of that layer at the placeholders (``media_hidden``): what the
+talker reads there.
 """
 from __future__ import annotations
 
@@ -19,9 +25,13 @@ import torch
 
 from omni_backend.engine import AREngine, ModelRunner, SamplingParams, Sequence, StepOutput
 
+from .audio_tower import AudioTower
 from .checkpoint import Qwen3OmniCheckpoint
+from .config import Qwen3OmniConfig
 from .generate import Sampling
 from .layers import KVCache, text_positions
+from .prompt import ThinkerPrompt
+from .prompt_embeds import prompt_embeds
 from .thinker import Thinker
 
 __all__ = ["ThinkerRunner", "create_thinker_engine", "PREFILL_LOGITS_ROWS"]
@@ -39,8 +49,11 @@ class _State:
 
 
 class ThinkerRunner(ModelRunner):
-    def __init__(self, thinker: Thinker, eos_token_ids: frozenset[int], max_num_seqs: int, max_model_len: int) -> None:
+    def __init__(self, thinker: Thinker, eos_token_ids: frozenset[int], max_num_seqs: int, max_model_len: int,
+                 config: Qwen3OmniConfig | None = None, audio_tower: AudioTower | None = None) -> None:
         self.thinker = thinker
+        self.config = config
+        self.audio_tower = audio_tower
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -48,12 +61,15 @@ class ThinkerRunner(ModelRunner):
         self.device = thinker.lm_head.weight.device
 
     def check(self, prompt: Any, params: SamplingParams) -> None:
-        if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
+        ids = prompt.ids if isinstance(prompt, ThinkerPrompt) else prompt
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
             raise ValueError("the prompt must be a non-empty list of token ids")
-        if max(prompt) >= self.vocab_size or min(prompt) < 0:
+        if max(ids) >= self.vocab_size or min(ids) < 0:
             raise ValueError("the prompt holds ids outside the vocabulary")
+        if isinstance(prompt, ThinkerPrompt) and prompt.multimodal and (self.audio_tower is None or self.config is None):
+            raise ValueError("the prompt holds audio but this thinker has no audio tower loaded")
 
-    def prompt_length(self, prompt: list[int]) -> int:
+    def prompt_length(self, prompt: list[int] | ThinkerPrompt) -> int:
         return len(prompt)
 
     def _choose(self, seq: Sequence, logits: torch.Tensor) -> int:
@@ -69,11 +85,17 @@ class ThinkerRunner(ModelRunner):
 
     def prefill(self, seq: Sequence) -> int:
         p = seq.params
-        ids = torch.tensor([seq.prompt], dtype=torch.long)
+        prompt = seq.prompt if isinstance(seq.prompt, ThinkerPrompt) else ThinkerPrompt(list(seq.prompt))
+        ids = torch.tensor([prompt.ids], dtype=torch.long)
         seq.state = _State(self.thinker.new_cache(), ids,
                            Sampling(p.do_sample, p.temperature, p.top_k, p.top_p, p.repetition_penalty))
-        out = self.thinker(ids.to(self.device), seq.state.cache,
-                           logits_rows=min(len(seq.prompt), PREFILL_LOGITS_ROWS))
+        embeds = prompt_embeds(self.thinker, self.audio_tower, self.config, prompt) if prompt.multimodal else None
+        layer = prompt.hidden_layer if prompt.multimodal else None
+        out = self.thinker(ids.to(self.device), seq.state.cache, accept_layer=layer,
+                           logits_rows=min(len(prompt), PREFILL_LOGITS_ROWS), inputs_embeds=embeds)
+        if layer is not None:
+            mask = torch.tensor([t in self.config.multimodal_token_ids for t in prompt.ids], device=self.device)
+            prompt.media_hidden = out.accept_hidden[0, mask].to(torch.float32).cpu()
         return self._choose(seq, out.logits)
 
     def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
@@ -99,7 +121,8 @@ def create_thinker_engine(checkpoint: Qwen3OmniCheckpoint, max_num_seqs: int = 8
     if num_threads is not None:
         torch.set_num_threads(int(num_threads))
     eos = eos_token_ids if eos_token_ids is not None else frozenset({checkpoint.config.im_end_token_id})
-    runner = ThinkerRunner(checkpoint.thinker, eos, max_num_seqs, max_model_len)
+    runner = ThinkerRunner(checkpoint.thinker, eos, max_num_seqs, max_model_len, checkpoint.config,
+                           checkpoint.audio_tower)
     params = default_params or SamplingParams(do_sample=False, repetition_penalty=1.0, top_k=0, top_p=1.0,
                                               temperature=1.0, max_new_tokens=1024, min_new_tokens=0)
     return AREngine(runner, max_prefills_per_step=max_prefills_per_step, num_threads=num_threads,

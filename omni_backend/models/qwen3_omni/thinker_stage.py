@@ -1,7 +1,10 @@
 """Stage 0 of Qwen3-Omni: the thinker on the continuous-batching AR engine.
 
-The first response carries the prompt's ids (PROMPT_IDS: the talker builds its input from them);
-then each engine frame (one token) gives TOKEN_IDS and the text it completes (TEXT_DELTA; held back
+The first response carries the prompt's ids (PROMPT_IDS: the talker builds its input from them)
+and, for a prompt with media whose speech is wanted, the thinker's hidden state
+``accept_hidden_layer`` at the placeholders (PROMPT_HIDDEN [placeholders, hidden], float32: the
+talker reads it there); it comes once the prefill ran (the audio tower encodes the recordings in
+it). Then each engine frame (one token) gives TOKEN_IDS and the text it completes (TEXT_DELTA; held back
 while a character is incomplete). The last response carries FINISH_REASON (``stop`` at
 ``<|im_end|>``, ``length`` at ``max_tokens``); on ``stop`` its TOKEN_IDS end with ``<|im_end|>``:
 the talker reads every answer token but the last, as the reference does.
@@ -43,7 +46,8 @@ class ThinkerStage(StageModel):
         sd = self.stage_deploy
         torch.set_num_threads(sd.threads)
         checkpoint = load_checkpoint(resolve_checkpoint(self.model_path), dtype=sd.dtype, device=sd.device,
-                                     parts=("thinker",))
+                                     parts=("thinker", "audio_tower"))
+        self.hidden_layer = checkpoint.config.talker.accept_hidden_layer
         self.builder = checkpoint.prompt_builder()
         self.tokenizer = checkpoint.tokenizer
         self.eos_id = checkpoint.config.im_end_token_id
@@ -61,15 +65,26 @@ class ThinkerStage(StageModel):
         from .text_deltas import TextDeltas
 
         rid = ctx.stage_request_id
-        prompt = self.builder.build(messages=request["messages"], system=request.get("system"))
+        # decoding and resampling recordings, and their features, are CPU work: off the loop
+        prompt = await self.run_blocking(lambda: self.builder.build_prompt(messages=request["messages"],
+                                                                           system=request.get("system")))
+        # the talker reads hidden states at the placeholders only when it runs
+        hidden_wanted = prompt.multimodal and request.get("return_audio", True)
+        prompt.hidden_layer = self.hidden_layer if hidden_wanted else None
         try:
             stream = self.engine.add_request(rid, prompt, self.sampling_params(request))
         except PromptTooLongError as e:   # the client's field is the conversation, not the engine's input
             raise InvalidRequest("messages", e.reason) from None
         ctx.resources.append(stream)
-        yield [_ids("PROMPT_IDS", prompt)]
+        if not hidden_wanted:
+            yield [_ids("PROMPT_IDS", prompt.ids)]
         text = TextDeltas(self.tokenizer)
+        first = hidden_wanted
         async for event in self.engine_events(ctx, stream):
+            if first and event.finish_reason != "cancelled":
+                first = False   # the prefill ran: its hidden states are there
+                yield [_ids("PROMPT_IDS", prompt.ids),
+                       pb_utils.Tensor("PROMPT_HIDDEN", prompt.media_hidden.numpy().astype(np.float32))]
             if event.finish_reason == "cancelled":
                 return
             ids = list(event.codes or [])
