@@ -192,6 +192,10 @@ class TTSAdapter:
         """Return the normalized request {"text": ..., **params}; raise InvalidRequest."""
         text = decode_text(text)
         raw = params if isinstance(params, dict) else decode_params(params, self.max_params_bytes)
+        return self.validate_params(text, raw)
+
+    def validate_params(self, text: str, raw: dict[str, Any]) -> dict[str, Any]:
+        """The normalized request for checked ``text`` and decoded PARAMS ``raw``."""
         specs = self.param_specs()
         for k in raw:
             if k not in specs:

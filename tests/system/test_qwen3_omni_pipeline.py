@@ -9,7 +9,9 @@ long enough to watch the audio start while it writes).
   within 1e-4, alone and with all jobs at once (each equal to its solo run bit for bit);
 * streaming: text deltas come before audio, and the first audio leaves before the thinker ends;
 * `return_audio: false` streams the text only; seeded sampling is isolated too;
-* a client that leaves frees all three stages; bad requests get `invalid_request` naming the field.
+* a client that leaves frees all three stages; bad requests get `invalid_request` naming the field;
+* audio input: questions with recordings (input_audio parts in PARAMS `content` / `messages`)
+  equal the reference, alone and beside text conversations; a bad recording names its part.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import yaml
 from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream_parts
 from tests.oracle.qwen3_omni_reference import job_messages
+from tests.qwen3_omni_fixtures import QWEN3_OMNI_AUDIO_JOBS, audio_job_messages
 from tests.system.speech_api_helpers import metric, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,3 +246,85 @@ def test_a_client_that_leaves_frees_all_three_stages(omni_server, leave_at):
 def test_bad_requests_name_the_field(omni_server, text, params, field):
     with pytest.raises(TritonStreamError, match=f"invalid_request: {field.replace('[', '.').replace(']', '.')}"):
         Served(omni_server, LONG, text, params)
+
+
+# ----------------------------------------------------------------------------- audio input
+
+
+def _audio_job_request(job: dict) -> tuple[str, dict]:
+    """An audio job as a served request: the last user message's parts in PARAMS `content` (its
+    last text part as TEXT when it ends with one, else an empty TEXT), earlier turns in `messages`."""
+    messages = audio_job_messages(job, "openai")
+    parts = list(messages[-1]["content"])
+    text = parts.pop()["text"] if parts[-1]["type"] == "text" else ""
+    params = {"do_sample": False, "speaker": job["speaker"], "return_audio": job.get("return_audio", True),
+              "max_tokens": 64}
+    if parts:
+        params["content"] = parts
+    if messages[:-1]:
+        params["messages"] = messages[:-1]
+    if params["return_audio"]:
+        params.update(talker_do_sample=False, talker_max_new_tokens=128, talker_repetition_penalty=1.05)
+    return text, params
+
+
+@pytest.fixture(scope="module")
+def audio_solo(omni_server, qwen3_omni_audio_reference):
+    return {job["id"]: Served(omni_server, PARITY, *_audio_job_request(job)) for job in QWEN3_OMNI_AUDIO_JOBS}
+
+
+def test_served_audio_questions_equal_the_reference(audio_solo, qwen3_omni_audio_reference, tokenizer):
+    """Recordings sent as input_audio parts (WAV, FLAC, MP3; 16 and 44.1 kHz; 0.5 to 30 s)."""
+    for job_id, ref in qwen3_omni_audio_reference["tiny"]["jobs"].items():
+        served = audio_solo[job_id]
+        generated = ref["sequences"].tolist()[len(ref["input_ids"]):]
+        assert served.text == tokenizer.decode(generated), job_id
+        if not ref["job"]["return_audio"]:
+            assert not served.chunks, job_id
+            continue
+        assert served.audio.shape == ref["waveform"].shape, job_id
+        assert float(np.abs(served.audio - ref["waveform"]).max()) <= WAVEFORM_TOLERANCE, job_id
+
+
+def test_concurrent_audio_questions_equal_their_solo_runs(omni_server, audio_solo, solo, qwen3_omni_reference):
+    """Audio and text conversations at once: each equal to its solo run bit for bit."""
+    requests = {job["id"]: _audio_job_request(job) for job in QWEN3_OMNI_AUDIO_JOBS}
+    requests.update({job_id: _job_request(ref["job"]) for job_id, ref in qwen3_omni_reference["tiny"]["jobs"].items()})
+    with ThreadPoolExecutor(len(requests)) as pool:
+        futures = {job_id: pool.submit(Served, omni_server, PARITY, *request) for job_id, request in requests.items()}
+        together = {job_id: f.result() for job_id, f in futures.items()}
+    for job_id, served in together.items():
+        alone = audio_solo.get(job_id) or solo[job_id]
+        assert served.text == alone.text, job_id
+        np.testing.assert_array_equal(served.audio, alone.audio, err_msg=job_id)
+
+
+def _wav_part(seconds: float, rate: int = 16000) -> dict:
+    import base64
+    import io
+
+    import soundfile as sf
+
+    handle = io.BytesIO()
+    sf.write(handle, np.zeros(int(rate * seconds), np.float32), rate, format="WAV", subtype="PCM_16")
+    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(handle.getvalue()).decode(),
+                                                   "format": "wav"}}
+
+
+@pytest.mark.parametrize("text,params,field,message", [
+    ("What is it?", {"content": [{"type": "input_audio", "input_audio": {"data": "bm90IGF1ZGlv", "format": "wav"}}]},
+     "content[0].input_audio.data", "is not audio"),
+    ("What is it?", {"content": [_wav_part(121)]}, "content[0].input_audio.data", "at most 120 s"),
+    ("What is it?", {"content": [{"type": "input_file", "file": {}}]}, "content[0]", "must be"),
+    ("What is it?", {"content": []}, "content", "non-empty"),
+    ("", {}, "text", "is empty"),
+    ("And?", {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "@@"}}]},
+                           {"role": "assistant", "content": "Yes."}]}, "messages[0].content[0].input_audio.data",
+     "base64"),
+])
+def test_bad_audio_names_the_part(omni_server, text, params, field, message):
+    with pytest.raises(TritonStreamError) as error:
+        Served(omni_server, PARITY, text, params)
+    assert f"invalid_request: {field}: " in str(error.value) and message in str(error.value)
+    after = Served(omni_server, PARITY, "", {"content": [_wav_part(1.0)], "return_audio": False, "max_tokens": 4})
+    assert after.text

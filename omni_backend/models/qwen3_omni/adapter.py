@@ -100,10 +100,8 @@ class Qwen3OmniAdapter(TTSAdapter):
         content = raw.pop("content", None)
         if content is not None and (not isinstance(content, list) or not content):
             raise InvalidRequest("content", "must be a non-empty list of content parts (the new message before TEXT)")
-        if content is not None and _blank(text):
-            text = ""   # a message of media alone: TEXT adds nothing
-            request = super().validate(" ", raw)
-            request["text"] = ""
+        if content is not None and _blank(text):   # a message of media alone: TEXT adds nothing
+            request = self.validate_params("", raw)
         else:
             request = super().validate(text, raw)
         if history is not None and not isinstance(history, list):
