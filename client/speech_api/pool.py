@@ -201,6 +201,7 @@ class TritonPool:
         self._removed: set[TritonEndpoint] = set()   # gone from their name, streams still open
         self.known_pipelines: set[str] = set()   # every pipeline some endpoint has served
         self.resolve_errors: dict[str, str] = {}  # service -> why its last resolution failed
+        self._resolve_lock = asyncio.Lock()       # one resolution at a time: an address joins once
 
     async def start(self) -> None:
         for ep in self.endpoints:
@@ -228,26 +229,30 @@ class TritonPool:
 
     async def resolve_all(self, probe: bool = True) -> None:
         """Resolve every service name once: new addresses join, addresses gone leave."""
-        for service in self.services:
-            try:
-                wanted = set(await service.addresses())
-            except OSError as e:
-                if self.resolve_errors.get(str(service)) != str(e):
-                    log.warning("%s does not resolve (%s); keeping its %d endpoint(s)", service, e,
-                                sum(ep.service == service for ep in self.endpoints))
-                self.resolve_errors[str(service)] = str(e)
-                continue
-            self.resolve_errors.pop(str(service), None)
-            have = {ep.url: ep for ep in self.endpoints if ep.service == service}
-            for url in sorted(wanted - set(have)):
-                ep = TritonEndpoint(url, service)
-                await ep.reconnect()
-                if probe:
-                    await self.probe(ep)   # joins routing once it has been seen serving
-                self.endpoints.append(ep)
-                log.info("%s: found triton %s", service, url)
-            for url in sorted(set(have) - wanted):
-                await self._remove(have[url])
+        async with self._resolve_lock:
+            for service in self.services:
+                await self._resolve(service, probe)
+
+    async def _resolve(self, service: TritonService, probe: bool) -> None:
+        try:
+            wanted = set(await service.addresses())
+        except OSError as e:
+            if self.resolve_errors.get(str(service)) != str(e):
+                log.warning("%s does not resolve (%s); keeping its %d endpoint(s)", service, e,
+                            sum(ep.service == service for ep in self.endpoints))
+            self.resolve_errors[str(service)] = str(e)
+            return
+        self.resolve_errors.pop(str(service), None)
+        have = {ep.url: ep for ep in self.endpoints if ep.service == service}
+        for url in sorted(wanted - set(have)):
+            ep = TritonEndpoint(url, service)
+            await ep.reconnect()
+            if probe:
+                await self.probe(ep)   # joins routing once it has been seen serving
+            self.endpoints.append(ep)
+            log.info("%s: found triton %s", service, url)
+        for url in sorted(set(have) - wanted):
+            await self._remove(have[url])
 
     async def _remove(self, ep: TritonEndpoint) -> None:
         log.info("%s: triton %s left (%d stream(s) still on it run to their end)", ep.service, ep.url, ep.active)

@@ -110,3 +110,20 @@ def test_a_preferred_endpoint_wins_while_it_can_serve():
         assert pool.choose("hibari", [], prefer=a) is b
 
     asyncio.run(scenario())
+
+
+def test_resolutions_at_once_add_an_address_once():
+    """The resolver loop and a request that found every endpoint down may resolve together."""
+    port = free_port()
+    service = ListedService("triton-pods", port, [["127.0.0.2", "127.0.0.3"]])  # type: ignore[arg-type]
+
+    async def scenario():
+        pool = TritonPool(["127.0.0.1:1"], Catalog(), probe_interval_s=60, probe_timeout_s=0.5,
+                          services=[service], resolve_interval_s=60)
+        try:
+            await asyncio.gather(pool.resolve_all(), pool.resolve_all(), pool.resolve_all())
+            assert sorted(ep.url for ep in pool.endpoints) == ["127.0.0.1:1", f"127.0.0.2:{port}", f"127.0.0.3:{port}"]
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
