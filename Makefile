@@ -16,9 +16,11 @@ PYTEST_ARGS ?=
 
 setup: debs venv vllm
 
-# libb64 for perf_analyzer; sox for the reference Qwen3-TTS oracle (it warns without it);
-# chromium and curl for the web page and HTTP tests; jemalloc for OMNI_TRITON_ALLOCATOR=jemalloc.
-DEBS := libb64-0d libjemalloc2 sox chromium curl
+# Run time (the GPU Dockerfile installs these too): libb64 for perf_analyzer, jemalloc for
+# OMNI_TRITON_ALLOCATOR=jemalloc. Tests: sox for the reference Qwen3-TTS oracle (it warns
+# without it); chromium and curl for the web page and HTTP tests.
+RUNTIME_DEBS := libb64-0d libjemalloc2
+DEBS := $(RUNTIME_DEBS) sox chromium curl
 debs:
 	@if ! dpkg -s $(DEBS) >/dev/null 2>&1; then \
 	  echo "[setup] installing Debian packages ($(DEBS))"; \

@@ -8,20 +8,26 @@ import urllib.request
 from pathlib import Path
 
 from client.service_process import ServiceProcess, free_port
+from omni_backend.supervisor.options import READY_PATH
 from omni_backend.triton import server_binary
 
 __all__ = ["PlainTritonProcess", "TritonProcess", "free_port"]
 
 
 class TritonProcess(ServiceProcess):
-    """A tritonserver child process on chosen (or free) ports, stopped for sure on exit."""
+    """A tritonserver child process on chosen (or free) ports, stopped for sure on exit.
+    ``host``: bind every frontend to that address only (several servers on one port, each on
+    its own loopback address, as pods behind one name); default: every address, reached as
+    localhost."""
 
     name = "tritonserver"
 
     def __init__(self, model_repository: str | Path, http_port: int | None = None,
                  grpc_port: int | None = None, metrics_port: int | None = None,
-                 log_path: str | Path | None = None, extra_args: list[str] | None = None):
+                 log_path: str | Path | None = None, extra_args: list[str] | None = None,
+                 host: str | None = None):
         super().__init__(log_path)
+        self.host = host
         self.repo = Path(model_repository).resolve()
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
@@ -30,20 +36,22 @@ class TritonProcess(ServiceProcess):
 
     @property
     def grpc_url(self) -> str:
-        return f"localhost:{self.grpc_port}"
+        return f"{self.host or 'localhost'}:{self.grpc_port}"
 
     @property
     def http_url(self) -> str:
-        return f"http://localhost:{self.http_port}"
+        return f"http://{self.host or 'localhost'}:{self.http_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://localhost:{self.metrics_port}/metrics"
+        return f"http://{self.host or 'localhost'}:{self.metrics_port}/metrics"
 
     def args(self) -> list[str]:
         return [f"--model-repository={self.repo}", f"--http-port={self.http_port}",
                 f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
                 "--allow-metrics=true",
+                *([f"--http-address={self.host}", f"--grpc-address={self.host}",
+                   f"--metrics-address={self.host}"] if self.host else []),
                 # Large tensors and many concurrent streams: start shared memory bigger than the
                 # 1 MiB default so streams do not stall on growth; grow (rare: a peak of audio held
                 # at once, once in a 30-minute soak, never in an overload run) in 16 MiB steps.
@@ -74,7 +82,7 @@ class TritonProcess(ServiceProcess):
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"{self.http_url}{READY_PATH}", timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False

@@ -1,5 +1,6 @@
-"""`python -m client.speech_api --triton localhost:8001 [--triton URL ...]`: the OpenAI-compatible
-speech API in front of one or more Triton servers."""
+"""`python -m client.speech_api --triton localhost:8001 [--triton URL ...]
+[--triton-service NAME:PORT ...]`: the OpenAI-compatible speech API in front of one or more
+Triton servers, listed or found through a DNS name (a Kubernetes headless Service)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,7 @@ import sys
 
 from client.speech_api.auth import ENV_VAR, load_api_keys
 from client.speech_api.config import ShimConfig, StreamLimits
+from client.speech_api.discovery import TritonService
 
 # An idle connection closed by the server just as its client sends the next request on it fails
 # that request (the client sees the connection cut). Clients close theirs first when the server
@@ -19,7 +21,13 @@ KEEP_ALIVE_S = 75
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m client.speech_api", description=__doc__)
     ap.add_argument("--triton", action="append", metavar="URL",
-                    help="Triton gRPC address host:port; repeat for several servers (default localhost:8001)")
+                    help="Triton gRPC address host:port; repeat for several servers (default localhost:8001, "
+                         "unless --triton-service is given)")
+    ap.add_argument("--triton-service", action="append", metavar="NAME:PORT",
+                    help="a DNS name resolving to one address per Triton (a Kubernetes headless Service) "
+                         "and their gRPC port; every address is a Triton; repeatable")
+    ap.add_argument("--resolve-interval", type=float, default=5.0, metavar="SECONDS",
+                    help="how often --triton-service names are resolved again (default 5)")
     ap.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     ap.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     ap.add_argument("--api-key", action="append", metavar="KEY",
@@ -51,6 +59,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--keep-alive must be > 0")
     if args.probe_interval <= 0:
         ap.error("--probe-interval must be > 0")
+    if args.resolve_interval <= 0:
+        ap.error("--resolve-interval must be > 0")
+    for spec in args.triton_service or []:
+        try:
+            TritonService.parse(spec)
+        except ValueError as e:
+            ap.error(str(e))
     if min(args.ws_idle_timeout, args.ws_max_session_s, args.ws_send_timeout) <= 0 or args.ws_max_text_chars < 1:
         ap.error("--ws-idle-timeout, --ws-max-session-s and --ws-send-timeout must be > 0, "
                  "--ws-max-text-chars >= 1")
@@ -85,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
 
     limits = StreamLimits(idle_timeout_s=args.ws_idle_timeout, max_session_s=args.ws_max_session_s,
                           max_text_chars=args.ws_max_text_chars, send_timeout_s=args.ws_send_timeout)
-    config = ShimConfig(tritons=args.triton or ["localhost:8001"], api_keys=load_api_keys(args.api_key),
+    services = args.triton_service or []
+    config = ShimConfig(tritons=args.triton or ([] if services else ["localhost:8001"]),
+                        triton_services=services, resolve_interval_s=args.resolve_interval,
+                        api_keys=load_api_keys(args.api_key),
                         max_streams_per_pipeline=args.max_streams_per_pipeline,
                         default_pipeline=args.default_pipeline, probe_interval_s=args.probe_interval,
                         voices_dir=args.voices_dir, stream_limits=limits)

@@ -19,6 +19,7 @@ from client.speech_api.auth import ApiKeys
 from client.speech_api.catalog import Catalog
 from client.speech_api.chat_request import AudioTranscripts
 from client.speech_api.config import ShimConfig
+from client.speech_api.discovery import TritonService
 from client.speech_api.errors import ApiError, invalid_request, not_found
 from client.speech_api.pool import TritonPool
 from client.speech_api.routes import STATIC_DIR, router
@@ -37,7 +38,9 @@ class Shim:
         self.config = config
         self.api_keys = ApiKeys(config.api_keys)
         self.catalog = Catalog(config.default_pipeline)
-        self.pool = TritonPool(config.tritons, self.catalog, probe_interval_s=config.probe_interval_s)
+        self.pool = TritonPool(config.tritons, self.catalog, probe_interval_s=config.probe_interval_s,
+                               services=[TritonService.parse(s) for s in config.triton_services],
+                               resolve_interval_s=config.resolve_interval_s)
         self.limiter = StreamLimiter(config.max_streams_per_pipeline, config.retry_after_s)
         self.voices = VoiceRegistry(config.voices_dir or default_voices_dir())
         self.chat_audio = AudioTranscripts()   # earlier chat answers' transcripts, by audio id
@@ -59,7 +62,8 @@ def create_app(config: ShimConfig) -> FastAPI:
         await shim.pool.start()
         freeze_loaded_objects()   # the periodic full collection skips what start-up loaded
         trimming = asyncio.ensure_future(release_free_memory_every())
-        log.info("speech API over %s; models: %s; API keys %s", ", ".join(config.tritons),
+        log.info("speech API over %s; models: %s; API keys %s",
+                 ", ".join([*config.tritons, *(f"{s} (DNS)" for s in config.triton_services)]),
                  ", ".join(shim.catalog.model_names()) or "none yet",
                  "on" if shim.api_keys.enabled else "off")
         try:

@@ -19,6 +19,8 @@ class StreamLimits:
 @dataclass
 class ShimConfig:
     tritons: list[str] = field(default_factory=lambda: ["localhost:8001"])
+    triton_services: list[str] = field(default_factory=list)   # NAME:PORT, one Triton per address
+    resolve_interval_s: float = 5.0         # how often those names are resolved again
     api_keys: tuple[str, ...] = ()
     max_streams_per_pipeline: int = 0       # 0: no limit in the shim (Triton still has its own)
     default_pipeline: str = "hibari"        # what tts-1, tts-1-hd and gpt-4o-mini-tts mean

@@ -14,7 +14,14 @@ A new stream goes to the healthy endpoint serving its pipeline with the fewest a
 (ties: the one picked longest ago). Until the first audio arrives a stream may move: an endpoint
 that is unreachable, lacks the model, or answers `unavailable` (at capacity, draining before a
 shutdown, restarting a pipeline) is skipped and the next one is tried, so a dead or stopping
-server costs a client nothing. After the first audio the stream stays where it is.
+server costs a client nothing. After the first audio the stream stays where it is. A caller that
+names a `prefer`red endpoint (a WebSocket session's previous one) gets it while it can serve.
+
+Endpoints come from `--triton` URLs and from `--triton-service` names (discovery.py), resolved
+again every `resolve_interval_s`: a new address joins (probed first), an address gone from the
+name takes no new streams, and its channel is closed once the streams still on it end (a pod
+that is terminating drains them). A name that fails to resolve keeps the endpoints it had: the
+prober judges those.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcaio
 
 from client.speech_api.catalog import Catalog, entry_pipeline_name
+from client.speech_api.discovery import TritonService
 from client.speech_api.errors import ApiError, from_triton, internal, no_backend
 from client.triton_stream import StreamPart, TritonStreamError, astream, astream_parts, next_watched
 
@@ -42,8 +50,10 @@ _ENDPOINT_DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 class TritonEndpoint:
-    def __init__(self, url: str):
+    def __init__(self, url: str, service: TritonService | None = None):
         self.url = url
+        self.service = service                        # the name it was discovered through, if any
+        self.removed = False                          # gone from that name: no new streams
         self.client: Any = None
         self.healthy = False
         self.active = 0
@@ -76,6 +86,8 @@ class TritonEndpoint:
         if client in self._retired:
             self._retired.discard(client)
             await _close(client)
+        if self.removed and self.active == 0:
+            await self.close()
 
     async def reconnect(self) -> None:
         old, self.client = self.client, grpcaio.InferenceServerClient(self.url)
@@ -100,7 +112,8 @@ class TritonEndpoint:
 
     def status(self) -> dict[str, Any]:
         return {"url": self.url, "healthy": self.healthy, "active_streams": self.active,
-                "pipelines": sorted(self.pipelines), "last_error": None if self.healthy else self.last_error}
+                "pipelines": sorted(self.pipelines), "last_error": None if self.healthy else self.last_error,
+                "service": str(self.service) if self.service else None}
 
 
 async def _close(client: Any) -> None:
@@ -173,29 +186,85 @@ class PoolStream:
 
 class TritonPool:
     def __init__(self, urls: list[str], catalog: Catalog, probe_interval_s: float = 1.0,
-                 probe_timeout_s: float = 2.0):
-        if not urls:
-            raise ValueError("at least one Triton URL is needed")
+                 probe_timeout_s: float = 2.0, services: list[TritonService] | None = None,
+                 resolve_interval_s: float = 5.0):
+        self.services = list(services or [])
+        if not urls and not self.services:
+            raise ValueError("at least one Triton URL or service name is needed")
         self.endpoints = [TritonEndpoint(u) for u in urls]
         self.catalog = catalog
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
+        self.resolve_interval_s = resolve_interval_s
         self._picks = itertools.count(1)
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._removed: set[TritonEndpoint] = set()   # gone from their name, streams still open
         self.known_pipelines: set[str] = set()   # every pipeline some endpoint has served
+        self.resolve_errors: dict[str, str] = {}  # service -> why its last resolution failed
+        self._resolve_lock = asyncio.Lock()       # one resolution at a time: an address joins once
 
     async def start(self) -> None:
         for ep in self.endpoints:
             await ep.reconnect()
+        await self.resolve_all(probe=False)
         await self.probe_all()
-        self._task = asyncio.create_task(self._probe_forever())
+        self._tasks = [asyncio.create_task(self._probe_forever())]
+        if self.services:
+            self._tasks.append(asyncio.create_task(self._resolve_forever()))
 
     async def close(self) -> None:
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        for ep in self.endpoints:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for ep in [*self.endpoints, *self._removed]:
             await ep.close()
+
+    async def _resolve_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.resolve_interval_s)
+            try:
+                await self.resolve_all()
+            except Exception:  # noqa: BLE001 - discovery must survive anything
+                log.exception("resolving the Triton services failed")
+
+    async def resolve_all(self, probe: bool = True) -> None:
+        """Resolve every service name once: new addresses join, addresses gone leave."""
+        async with self._resolve_lock:
+            for service in self.services:
+                await self._resolve(service, probe)
+
+    async def _resolve(self, service: TritonService, probe: bool) -> None:
+        try:
+            wanted = set(await service.addresses())
+        except OSError as e:
+            if self.resolve_errors.get(str(service)) != str(e):
+                log.warning("%s does not resolve (%s); keeping its %d endpoint(s)", service, e,
+                            sum(ep.service == service for ep in self.endpoints))
+            self.resolve_errors[str(service)] = str(e)
+            return
+        self.resolve_errors.pop(str(service), None)
+        have = {ep.url: ep for ep in self.endpoints if ep.service == service}
+        for url in sorted(wanted - set(have)):
+            ep = TritonEndpoint(url, service)
+            await ep.reconnect()
+            if probe:
+                await self.probe(ep)   # joins routing once it has been seen serving
+            self.endpoints.append(ep)
+            log.info("%s: found triton %s", service, url)
+        for url in sorted(set(have) - wanted):
+            await self._remove(have[url])
+
+    async def _remove(self, ep: TritonEndpoint) -> None:
+        log.info("%s: triton %s left (%d stream(s) still on it run to their end)", ep.service, ep.url, ep.active)
+        self.endpoints.remove(ep)
+        ep.removed = True
+        ep.healthy = False
+        ep.last_error = f"no longer an address of {ep.service}"
+        self._removed = {e for e in self._removed if e.active > 0}
+        if ep.active == 0:
+            await ep.close()
+        else:
+            self._removed.add(ep)   # closed by its last stream's release (or by close())
 
     async def _probe_forever(self) -> None:
         while True:
@@ -206,7 +275,7 @@ class TritonPool:
                 log.exception("probe failed")
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(ep) for ep in self.endpoints))
+        await asyncio.gather(*(self.probe(ep) for ep in list(self.endpoints)))
         self.catalog.served = {name for ep in self.endpoints for name in ep.pipelines}
 
     async def probe(self, ep: TritonEndpoint) -> None:
@@ -216,6 +285,8 @@ class TritonPool:
             await self._probe(ep)
 
     async def _probe(self, ep: TritonEndpoint) -> None:
+        if ep.removed:
+            return
         timeout = self.probe_timeout_s
         was_healthy = ep.healthy
         try:
@@ -275,29 +346,35 @@ class TritonPool:
     def status(self) -> list[dict[str, Any]]:
         return [ep.status() for ep in self.endpoints]
 
-    def choose(self, pipeline: str, skip: list[TritonEndpoint]) -> TritonEndpoint | None:
+    def choose(self, pipeline: str, skip: list[TritonEndpoint],
+               prefer: TritonEndpoint | None = None) -> TritonEndpoint | None:
         now = time.monotonic()
         candidates = [ep for ep in self.endpoints
                       if ep.healthy and pipeline in ep.pipelines and ep not in skip
                       and ep.avoid.get(pipeline, 0.0) <= now]
         if not candidates:
             return None
+        if prefer in candidates:
+            return prefer
         return min(candidates, key=lambda ep: (ep.active, ep.last_pick))
 
     async def open_stream(self, pipeline: str, text: str, params: dict[str, Any],
-                          request_id: str, parts: bool = False) -> PoolStream:
+                          request_id: str, parts: bool = False,
+                          prefer: TritonEndpoint | None = None) -> PoolStream:
         """Start a stream and wait for its first audio, moving on from endpoints that fail.
         ``parts``: the stream yields every response as a `StreamPart` (a chat's text deltas and
-        its audio) and its first response, whatever it carries, is the one waited for."""
+        its audio) and its first response, whatever it carries, is the one waited for.
+        ``prefer``: the endpoint to use while it can serve the pipeline (a session's own)."""
         skip: list[TritonEndpoint] = []
         busy: ApiError | None = None
         reprobed = False
         while True:
-            ep = self.choose(pipeline, skip)
+            ep = self.choose(pipeline, skip, prefer)
             if ep is None and not reprobed and not any(e.healthy for e in self.endpoints if e not in skip):
                 reprobed = True          # all looked down: maybe one just came back
+                await self.resolve_all()
                 await self.probe_all()
-                ep = self.choose(pipeline, skip)
+                ep = self.choose(pipeline, skip, prefer)
             if ep is None:
                 if busy is not None:
                     raise busy

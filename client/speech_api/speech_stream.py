@@ -42,6 +42,7 @@ from client.speech_api.encoders import make_encoder
 from client.speech_api.encoders.base import pcm16
 from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
 from client.speech_api.resample import Resampler
+from client.speech_api.pool import TritonEndpoint
 from client.speech_api.speed import TimeStretch
 from client.speech_api.stream_config import SessionConfig, error_message, parse_session_config
 from client.speech_api.text_splitter import TextSplitter
@@ -160,7 +161,9 @@ class Utterance:
         try:
             limiter.acquire(request.pipeline)
             admitted = True
-            stream = await pool.open_stream(request.pipeline, text, request.params, self.session.request_id())
+            stream = await pool.open_stream(request.pipeline, text, request.params, self.session.request_id(),
+                                            prefer=self.session.home)
+            self.session.home = stream.endpoint
             total = await self._send_audio(sentence, stream.chunks())
             failed = False
         except (ApiError, TritonStreamError) as e:
@@ -187,13 +190,14 @@ class Utterance:
             return   # an utterance without words: nothing to speak
         request = self.config.request
         shim = self.session.shim
-        endpoint = shim.pool.choose(request.pipeline, [])
+        endpoint = shim.pool.choose(request.pipeline, [], self.session.home)
         if endpoint is None:   # all looked down: maybe one just came back
             await shim.pool.probe_all()
-            endpoint = shim.pool.choose(request.pipeline, [])
+            endpoint = shim.pool.choose(request.pipeline, [], self.session.home)
         if endpoint is None:
             await self.session.send_error(no_backend(f"No Triton endpoint can serve '{request.pipeline}' now", 1.0))
             return
+        self.session.home = endpoint
         self.sentences = 1
         await self._start_message(0, first)
         shim.limiter.acquire(request.pipeline)
@@ -278,6 +282,9 @@ class SpeechStreamSession:
         self.session_id = uuid.uuid4().hex[:16]
         self.failure: BaseException | None = None   # why an utterance ended the session
         self._reader: asyncio.Task | None = None
+        # the Triton this session's requests go to while it can serve them: a session's
+        # utterances stay on one server (one pod), and move only when it cannot take them
+        self.home: TritonEndpoint | None = None
 
     def stop(self, failure: BaseException) -> None:
         """End the session from an utterance (the client is gone, or takes no audio)."""

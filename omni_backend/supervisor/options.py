@@ -10,6 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+# tritonserver's own defaults, which the supervisor, the launchers and the cluster manifests
+# (deploy/k8s, checked by tests/unit/test_k8s_manifests.py) all take from here
+HTTP_PORT = 8000
+GRPC_PORT = 8001
+METRICS_PORT = 8002
+LIVE_PATH = "/v2/health/live"     # the process serves HTTP
+READY_PATH = "/v2/health/ready"   # strict readiness: every model loaded (false while a pipeline reloads)
+# how long one drain or abort request may take on SIGTERM (supervisor.py `_shutdown`)
+SHUTDOWN_CONTROL_SECS = 2.0
+
 
 @dataclass
 class SupervisorOptions:
@@ -42,15 +52,33 @@ class SupervisorOptions:
                 return args[i + 1]
         return default
 
+    def _local_host(self, address_flag: str, fallback: str | None = None) -> str:
+        """Where this host reaches a server bound by `--<address_flag>`: localhost unless it is
+        bound to one address only (a pod's, or one loopback address of several)."""
+        address = self.flag(address_flag) or (self.flag(fallback) if fallback else None)
+        if address in (None, "", "0.0.0.0", "::", "[::]"):
+            return "localhost"
+        return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
     @property
     def grpc_url(self) -> str:
-        return f"localhost:{self.flag('grpc-port', '8001')}"
+        return f"{self._local_host('grpc-address')}:{self.flag('grpc-port', str(GRPC_PORT))}"
 
     @property
     def metrics_url(self) -> str | None:
         if (self.flag("allow-metrics", "true") or "").lower() in ("false", "0", "no"):
             return None
-        return f"http://localhost:{self.flag('metrics-port', '8002')}/metrics"
+        # tritonserver binds metrics to --http-address unless --metrics-address is given
+        host = self._local_host("metrics-address", "http-address")
+        return f"http://{host}:{self.flag('metrics-port', str(METRICS_PORT))}/metrics"
+
+    @property
+    def shutdown_secs(self) -> float:
+        """The longest a SIGTERM takes from the signal to a stopped server (`_shutdown`): the drain
+        (at least its requests' time), the aborts of the streams left, tritonserver's own exit,
+        then its kill."""
+        control = SHUTDOWN_CONTROL_SECS + 0.5   # a control request's timeout, and its wait on top
+        return max(self.drain_secs, control) + control + self.stop_secs + 1.0
 
     @property
     def explicit_models(self) -> bool:

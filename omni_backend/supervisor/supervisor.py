@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from omni_backend.glibc_heaps import bound_malloc_retention, freeze_loaded_objects, release_free_memory_every
 from omni_backend.supervisor import server_output, stubs
 from omni_backend.supervisor.cpu_pressure import CpuPressure
-from omni_backend.supervisor.options import SupervisorOptions
+from omni_backend.supervisor.options import SHUTDOWN_CONTROL_SECS, SupervisorOptions
 from omni_backend.supervisor.triton_control import PingFailed, Pipeline, TritonControl
 from omni_backend.triton import server_binary, stub_process
 from omni_backend.triton.unhealthy_stub import kill_unhealthy_stub
@@ -669,7 +669,7 @@ class Supervisor:
     async def _shutdown(self, exited: asyncio.Future) -> None:
         t0 = time.monotonic()
         if not self.hard_stop and self.states:
-            drains = [self.control.drain(s.pipeline) for s in self.states.values()]
+            drains = [self.control.drain(s.pipeline, SHUTDOWN_CONTROL_SECS) for s in self.states.values()]
             await asyncio.gather(*drains, return_exceptions=True)
             deadline = t0 + self.opts.drain_secs
             loop = asyncio.get_running_loop()
@@ -679,7 +679,8 @@ class Supervisor:
                     break
                 await asyncio.sleep(0.2)
             log.info("drained in %.1f s", time.monotonic() - t0)
-            aborts = [self.control.abort(s.pipeline, "the server is shutting down", 2.0) for s in self.states.values()]
+            aborts = [self.control.abort(s.pipeline, "the server is shutting down", SHUTDOWN_CONTROL_SECS)
+                      for s in self.states.values()]
             await asyncio.gather(*aborts, return_exceptions=True)
         if not exited.done():
             self.proc.send_signal(signal.SIGTERM)

@@ -13,6 +13,7 @@ import tritonclient.grpc.aio as grpcaio
 
 from omni_backend.errors import with_code
 from omni_backend.grpc_streams import end_stream
+from omni_backend.triton.metric_families import ACTIVE_STREAMS
 
 
 @dataclass
@@ -154,7 +155,7 @@ class TritonControl:
         if text is None:
             return None
         label = r'[^}]*pipeline="' + re.escape(pipeline) + r'"[^}]*' if pipeline else r"[^}]*"
-        return sum(float(v) for v in re.findall(r"^omni_active_streams\{" + label + r"\} ([0-9.eE+-]+)$", text, re.M))
+        return sum(float(v) for v in re.findall(r"^" + ACTIVE_STREAMS + r"\{" + label + r"\} ([0-9.eE+-]+)$", text, re.M))
 
     def progress(self) -> dict[str, float] | None:
         """Per pipeline, requests finished plus seconds of audio sent: it grows while the

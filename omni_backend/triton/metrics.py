@@ -13,21 +13,10 @@ import ctypes
 
 import triton_python_backend_utils as pb_utils
 
+from omni_backend.triton.metric_families import ACTIVE_STREAMS, FAMILIES
+
 TTFA_BUCKETS_MS = [10, 25, 50, 100, 200, 400, 800, 1600, 3200, 6400, 12800]
 
-# Families are process-wide and shared by every model that names them, so the descriptions
-# must be identical everywhere: they live here only.
-_FAMILIES = {
-    "omni_ttfa_ms": ("Time from request arrival to the first audio chunk (ms)", "HISTOGRAM"),
-    "omni_audio_seconds_total": ("Seconds of audio streamed to clients", "COUNTER"),
-    "omni_active_streams": ("Streams in flight in the entry model", "GAUGE"),
-    "omni_requests_total": ("Requests finished, by outcome", "COUNTER"),
-    "omni_errors_total": ("Requests that ended in an error, by error code", "COUNTER"),
-    "omni_stage_active_requests": ("Requests in flight inside a stage model", "GAUGE"),
-    "omni_voice_encodings_total": ("Reference recordings encoded for voice cloning (cache misses)", "COUNTER"),
-    "omni_vllm_running_requests": ("Requests vLLM's scheduler is running (the engine's own count)", "GAUGE"),
-    "omni_vllm_waiting_requests": ("Requests waiting in vLLM's scheduler (the engine's own count)", "GAUGE"),
-}
 _cache: dict[str, "pb_utils.MetricFamily"] = {}
 
 
@@ -39,7 +28,7 @@ def _kept(obj):
 
 def family(name: str) -> "pb_utils.MetricFamily":
     if name not in _cache:
-        desc, kind = _FAMILIES[name]
+        desc, kind = FAMILIES[name]
         _cache[name] = _kept(pb_utils.MetricFamily(name=name, description=desc,
                                                    kind=getattr(pb_utils.MetricFamily, kind)))
     return _cache[name]
@@ -57,7 +46,7 @@ class PipelineMetrics:
         self.pipeline = pipeline
         self.ttfa_ms = metric("omni_ttfa_ms", labels=labels, buckets=TTFA_BUCKETS_MS)
         self.audio_seconds = metric("omni_audio_seconds_total", labels=labels)
-        self.active = metric("omni_active_streams", labels=labels)
+        self.active = metric(ACTIVE_STREAMS, labels=labels)
         self._outcomes: dict[str, "pb_utils.Metric"] = {}
         self._errors: dict[str, "pb_utils.Metric"] = {}
 

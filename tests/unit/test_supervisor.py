@@ -588,3 +588,18 @@ def test_an_entry_stub_its_ping_finds_not_healthy_is_killed_and_healed(fake_stub
     asyncio.run(sup._probe(state))
     assert proc.wait(timeout=5) == -signal.SIGKILL
     assert healed == ["unavailable: talker: its stub was not healthy"] and not state.pinging
+
+
+def test_options_reach_a_server_bound_to_one_address():
+    """A server bound to one address (a pod's, one loopback address of several) is reached
+    there; metrics follow --http-address unless --metrics-address is given."""
+    opts = parse(["--model-repository=/r", "--grpc-address=127.0.0.2", "--http-address=127.0.0.2"])
+    assert opts.grpc_url == "127.0.0.2:8001" and opts.metrics_url == "http://127.0.0.2:8002/metrics"
+    opts = parse(["--model-repository=/r", "--grpc-address=0.0.0.0", "--metrics-address=::1"])
+    assert opts.grpc_url == "localhost:8001" and opts.metrics_url == "http://[::1]:8002/metrics"
+
+
+def test_shutdown_bound_follows_the_drain_and_stop_flags():
+    base = parse(["--model-repository=/r"]).shutdown_secs
+    longer = parse(["--model-repository=/r", "--supervisor-drain-secs=10", "--supervisor-stop-secs=6"]).shutdown_secs
+    assert base >= 4.0 + 4.0 and longer - base == (10 - 4) + (6 - 4)
