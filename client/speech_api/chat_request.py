@@ -113,7 +113,7 @@ class AudioTranscripts:
 class ChatRequest:
     model: str
     history: list[dict[str, Any]]   # the conversation before the new user message ({role, content})
-    text: str                       # the new user message
+    text: str                       # the new user message ("" when `parts` carries it)
     audio: bool = False             # "audio" in modalities
     voice: str | None = None
     audio_format: str | None = None  # AUDIO_FORMATS key
@@ -125,6 +125,7 @@ class ChatRequest:
     top_p: float | None = None
     seed: int | None = None
     extensions: dict[str, Any] = field(default_factory=dict)   # the pipeline's own parameters
+    parts: list[dict[str, Any]] | None = None   # the new user message's parts when it holds media
 
     @property
     def encoder_format(self) -> str | None:
@@ -132,12 +133,13 @@ class ChatRequest:
 
     def prompt_text(self) -> str:
         """Every message's text (for the usage estimate)."""
-        return "\n".join([*(_text_of(m["content"]) for m in self.history), self.text])
+        last = _text_of(self.parts) if self.parts is not None else self.text
+        return "\n".join([*(_text_of(m["content"]) for m in self.history), last])
 
 
 def _text_of(content: str | list[dict[str, Any]]) -> str:
     # as the pipeline's chat template joins text parts: without a separator
-    return content if isinstance(content, str) else "".join(p["text"] for p in content)
+    return content if isinstance(content, str) else "".join(p["text"] for p in content if p["type"] == "text")
 
 
 def _bool(body: dict, name: str, default: bool = False) -> bool:
@@ -174,20 +176,26 @@ def _integer(body: dict, name: str, lo: int, hi: int) -> int | None:
     return value
 
 
-def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
-    """A message's content: a string, or a non-empty list of text parts (the only input here)."""
+def _content(value: Any, where: str, media: bool) -> str | list[dict[str, Any]]:
+    """A message's content: a string, or a non-empty list of parts: text, and in user messages
+    OpenAI's `input_audio` (base64 audio; the pipeline decodes it and names what it cannot read)."""
     if isinstance(value, str):
         return _clean(where, value)
     if not isinstance(value, list) or not value:
-        raise invalid_request(where, f"{where}: must be a string or a non-empty list of text parts")
+        raise invalid_request(where, f"{where}: must be a string or a non-empty list of content parts")
     parts = []
     for j, part in enumerate(value):
         at = f"{where}[{j}]"
         if not isinstance(part, dict):
             raise invalid_request(at, f"{at}: must be an object like {{\"type\": \"text\", \"text\": ...}}")
-        if part.get("type") != "text":
-            raise invalid_request(f"{at}.type", f"{at}.type: only text parts are supported, got "
-                                                f"{shown(part.get('type'))}", code="unsupported_parameter")
+        kind = part.get("type")
+        if kind == "input_audio" and media:
+            parts.append(_input_audio(part, at))
+            continue
+        if kind != "text":
+            allowed = "text and input_audio parts" if media else "text parts"
+            raise invalid_request(f"{at}.type", f"{at}.type: only {allowed} are supported here, got "
+                                                f"{shown(kind)}", code="unsupported_parameter")
         extra = set(part) - {"type", "text"}
         if extra:
             raise invalid_request(at, f"{at}: unknown key(s) {', '.join(sorted(map(str, extra)))}")
@@ -195,6 +203,30 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
             raise invalid_request(f"{at}.text", f"{at}.text: must be a string")
         parts.append({"type": "text", "text": _clean(f"{at}.text", part["text"])})
     return parts
+
+
+def _input_audio(part: dict, at: str) -> dict[str, Any]:
+    extra = set(part) - {"type", "input_audio"}
+    if extra:
+        raise invalid_request(at, f"{at}: unknown key(s) {', '.join(sorted(map(str, extra)))}")
+    spec = part.get("input_audio")
+    if not isinstance(spec, dict):
+        raise invalid_request(f"{at}.input_audio", f"{at}.input_audio: must be an object {{\"data\": base64 "
+                                                   "audio, \"format\": \"wav\" | \"mp3\" | ...}")
+    for key in spec:
+        if key not in ("data", "format"):
+            name = f"{at}.input_audio.{key}" if isinstance(key, str) and _FIELD_NAME.fullmatch(key) else f"{at}.input_audio"
+            raise invalid_request(name, f"{name}: unknown key (input_audio takes data and format)")
+    if not isinstance(spec.get("data"), str):
+        raise invalid_request(f"{at}.input_audio.data", f"{at}.input_audio.data: must be base64 audio",
+                              code="missing_required_parameter" if spec.get("data") is None else "invalid_value")
+    if spec.get("format") is not None and not isinstance(spec["format"], str):
+        raise invalid_request(f"{at}.input_audio.format", f"{at}.input_audio.format: must be a string")
+    return {"type": "input_audio", "input_audio": dict(spec)}
+
+
+def _has_media(content: str | list[dict[str, Any]]) -> bool:
+    return not isinstance(content, str) and any(p["type"] != "text" for p in content)
 
 
 def _message(value: Any, i: int, transcripts: AudioTranscripts | None) -> dict[str, Any]:
@@ -234,10 +266,11 @@ def _message(value: Any, i: int, transcripts: AudioTranscripts | None) -> dict[s
     if content is None:
         raise invalid_request(f"{where}.content", f"{where}.content: is required", code="missing_required_parameter")
     return {"role": "system" if role == "developer" else role,
-            "content": _content(content, f"{where}.content")}
+            "content": _content(content, f"{where}.content", media=role == "user")}
 
 
-def _messages(body: dict, transcripts: AudioTranscripts | None) -> tuple[list[dict[str, Any]], str]:
+def _messages(body: dict, transcripts: AudioTranscripts | None) -> tuple[list[dict[str, Any]], str,
+                                                                        list[dict[str, Any]] | None]:
     value = body.get("messages")
     if value is None:
         raise invalid_request("messages", "messages: is required", code="missing_required_parameter")
@@ -252,11 +285,13 @@ def _messages(body: dict, transcripts: AudioTranscripts | None) -> tuple[list[di
     if last["role"] != "user":
         at = f"messages[{len(messages) - 1}].role"
         raise invalid_request(at, f"{at}: the last message must be the user's (the answer is generated)")
+    if _has_media(last["content"]):   # the whole message goes as parts; TEXT stays empty
+        return messages[:-1], "", list(last["content"])
     text = _text_of(last["content"])
     if not text.strip():
         at = f"messages[{len(messages) - 1}].content"
         raise invalid_request(at, f"{at}: is empty")
-    return messages[:-1], text
+    return messages[:-1], text, None
 
 
 def _audio(body: dict) -> tuple[str, str]:
@@ -303,7 +338,7 @@ def parse_chat_body(body: Any, transcripts: AudioTranscripts | None = None) -> C
         raise invalid_request("model", "model: is required", code="missing_required_parameter")
     if not isinstance(model, str) or not model.strip():
         raise invalid_request("model", f"model: must be a model name, got {shown(model)}")
-    history, text = _messages(body, transcripts)
+    history, text, parts = _messages(body, transcripts)
 
     modalities = body.get("modalities")
     if modalities is None:
@@ -315,7 +350,7 @@ def parse_chat_body(body: Any, transcripts: AudioTranscripts | None = None) -> C
     if "text" not in modalities:
         raise invalid_request("modalities", "modalities: audio comes with its text; use [\"text\", \"audio\"]")
     req = ChatRequest(model=_clean("model", model.strip()), history=history, text=text,
-                      audio="audio" in modalities, stream=_bool(body, "stream"))
+                      audio="audio" in modalities, stream=_bool(body, "stream"), parts=parts)
     if req.audio:
         req.voice, req.audio_format = _audio(body)
     elif body.get("audio") is not None:
@@ -392,6 +427,8 @@ def build_chat_params(req: ChatRequest, info: PipelineInfo) -> ChatTritonRequest
         offset = 1
     if history:
         put("messages", history, "messages")
+    if req.parts is not None:
+        put("content", req.parts, f"messages[{len(req.history)}].content")
 
     if not req.audio and info.accepts("return_audio"):   # text only: the audio stages are skipped
         params["return_audio"] = False
@@ -435,6 +472,8 @@ def chat_error(error: ApiError, triton: ChatTritonRequest) -> ApiError:
         return error
     name = "text" if error.param == "input" else error.param
     field = triton.fields.get(name)
+    if field is None and name.startswith("content[") and "content" in triton.fields:
+        field = triton.fields["content"] + name[len("content"):]   # PARAMS.content[j]...: the new message's parts
     at = _MESSAGE_INDEX.match(name)
     if field is None and at is not None:   # PARAMS.messages[i]...: the body's messages[i + offset]...
         field = f"messages[{int(at[1]) + triton.messages_offset}]{name[at.end():]}"

@@ -165,7 +165,13 @@ def test_history_and_an_earlier_audio_answer_reach_the_thinker(stack, client):
     ({"extra_body": {"talker_top_k": 5}}, "talker_top_k"),   # text only: the pipeline refuses audio settings
     ({"messages": [*USER, {"role": "system", "content": "late"}, *USER]}, "messages[1].role"),
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+     "messages[0].content[0].input_audio.data"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "bm90IGF1ZGlv"}}]}]},
+     "messages[0].content[0].input_audio.data"),
+    ({"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}]},
      "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+        {"type": "input_audio", "input_audio": {"data": "AAAA"}}]}, *USER]}, "messages[1].content[0].type"),
     ({"max_tokens": 0}, "max_tokens"),
 ])
 def test_bad_fields_are_400s_naming_them(client, extra, param):
@@ -173,6 +179,53 @@ def test_bad_fields_are_400s_naming_them(client, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(**body)
     assert e.value.param == param, e.value
+
+
+def _wav_b64(seconds: float, rate: int = 16000) -> str:
+    t = np.arange(int(seconds * rate)) / rate
+    handle = io.BytesIO()
+    sf.write(handle, (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    return base64.b64encode(handle.getvalue()).decode()
+
+
+def test_a_spoken_question_equals_the_triton_stream(stack, client):
+    """OpenAI's input_audio part reaches the thinker's audio tower: the answer (text and speech)
+    equals Triton's own stream of the same message, and another recording changes it."""
+    server, _ = stack
+    recording = {"type": "input_audio", "input_audio": {"data": _wav_b64(2.0, 44100), "format": "wav"}}
+    question = [recording, {"type": "text", "text": "What is said in this recording?"}]
+    text, audio, _ = direct(server, "", {**GREEDY_PARAMS, "content": question})
+    assert text and audio.size
+    answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                            modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"},
+                                            **GREEDY)
+    said = answer.choices[0].message.audio
+    assert said.transcript == text
+    samples = np.frombuffer(base64.b64decode(said.data), "<i2").astype(np.float32) / 32768
+    np.testing.assert_allclose(samples, audio, atol=QUANTUM)
+    # the recording alone (no text), then in an earlier turn of the conversation
+    alone = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [recording]}],
+                                           **GREEDY)
+    assert alone.choices[0].message.content == direct(server, "", {**GREEDY_PARAMS, "return_audio": False,
+                                                                   "content": [recording]})[0]
+    other = {"type": "input_audio", "input_audio": {"data": _wav_b64(1.0), "format": "wav"}}
+    changed = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [other, question[1]]}],
+                                             **GREEDY)
+    assert changed.choices[0].message.content != text
+    later = client.chat.completions.create(model=MODEL, **GREEDY, messages=[
+        {"role": "user", "content": question}, {"role": "assistant", "content": text},
+        {"role": "user", "content": "Say it again."}])
+    assert later.choices[0].message.content == direct(server, "Say it again.", {
+        **GREEDY_PARAMS, "return_audio": False,
+        "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": text}]})[0]
+
+
+def test_a_recording_over_the_limit_is_a_400_saying_it(client):
+    too_long = {"type": "input_audio", "input_audio": {"data": _wav_b64(121.0, 8000), "format": "wav"}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [too_long]}], **GREEDY)
+    assert e.value.param == "messages[0].content[0].input_audio.data"
+    assert "at most 120 s" in str(e.value)
 
 
 def test_routes_keep_chat_and_speech_apart(stack, client):
