@@ -220,9 +220,10 @@ def recording_part(name: str) -> dict:
 
 
 def audio_job_messages(job: dict, form: str) -> list[dict]:
-    """A job's messages with each recording as ``form``: "openai" (``input_audio`` parts) or a
-    folder path string for the oracle (``{"type": "audio", "audio_npy": ...}`` parts; the npy files
-    are written there: the waveform the server's media module decodes)."""
+    """A job's messages with each recording and image as ``form``: "openai" (``input_audio`` and
+    ``image_url`` parts) or a folder path string for the oracle (``{"type": "audio", "audio_npy":
+    ...}`` and ``{"type": "image", "image_png": ...}`` parts; the files are written there: what the
+    server's media module decodes)."""
     from omni_backend.models.qwen3_omni.media import decode_input_audio
 
     out = []
@@ -231,7 +232,17 @@ def audio_job_messages(job: dict, form: str) -> list[dict]:
     for message in job["messages"]:
         parts = []
         for part in message["content"]:
-            if part["type"] != "input_audio":
+            if part["type"] == "image_url":
+                if form == "openai":
+                    parts.append(image_part(part["image"]))
+                else:
+                    path = Path(form) / f"{part['image']}.png"
+                    if not path.exists():
+                        from omni_backend.models.qwen3_omni.media import decode_image_url
+
+                        decode_image_url(image_part(part["image"]), "part").save(path, format="PNG")
+                    parts.append({"type": "image", "image_png": str(path)})
+            elif part["type"] != "input_audio":
                 parts.append(part)
             elif form == "openai":
                 parts.append(recording_part(part["recording"]))
@@ -247,15 +258,68 @@ def audio_job_messages(job: dict, form: str) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def qwen3_omni_audio_reference(qwen3_omni_checkpoints, tmp_path_factory) -> dict[str, dict]:
-    """One oracle run per shape over every audio job: ``{shape: {"jobs": {id: ...}, ...}}``."""
+    """One oracle run per shape over every audio and image job: ``{shape: {"jobs": {id: ...}, ...}}``."""
     require_qwen3_omni_oracle()
     root = tmp_path_factory.mktemp("qwen3_omni_audio_oracle")
     recordings = root / "recordings"
     recordings.mkdir()
     jobs = [{key: value for key, value in job.items() if key not in ("messages", "system")}
-            | {"messages": audio_job_messages(job, str(recordings))} for job in QWEN3_OMNI_AUDIO_JOBS]
+            | {"messages": audio_job_messages(job, str(recordings))}
+            for job in QWEN3_OMNI_AUDIO_JOBS + QWEN3_OMNI_IMAGE_JOBS]
     result = {}
     for shape, checkpoint in qwen3_omni_checkpoints.items():
         dump = run_qwen3_omni_oracle(checkpoint, jobs, root / shape)
         result[shape] = {"checkpoint": checkpoint, "out": root / shape, **dump}
     return result
+
+
+# ----------------------------------------------------------------------------- image input
+
+# Images the image jobs see: name -> (width, height, container). Pixels are made here (noise with a
+# gradient, seeded by the name), encoded, and decoded by the server's media module; the reference
+# reads that decoded image (saved losslessly as PNG).
+QWEN3_OMNI_IMAGES = {
+    "square64_png": (64, 64, "PNG"),
+    "wide640x360_jpeg": (640, 360, "JPEG"),
+    "tall90x300_png_alpha": (90, 300, "PNG"),
+}
+QWEN3_OMNI_IMAGE_JOBS = [
+    {"id": "image_only_ethan", "speaker": "Ethan", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image": "square64_png"}]}]},
+    {"id": "image_question_wide_chelsie", "speaker": "Chelsie", "system": "You are a helpful assistant.",
+     "messages": [{"role": "user", "content": [{"type": "image_url", "image": "wide640x360_jpeg"},
+                                               {"type": "text", "text": "What is in this picture?"}]}]},
+    {"id": "audio_image_text_aiden", "speaker": "Aiden", "messages": [
+        {"role": "user", "content": [{"type": "input_audio", "recording": "sweep3s_16k_wav"},
+                                     {"type": "image_url", "image": "tall90x300_png_alpha"},
+                                     {"type": "text", "text": "Does the sound match the picture?"}]}]},
+    {"id": "multiturn_earlier_image_ethan", "speaker": "Ethan", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Look at this."},
+                                     {"type": "image_url", "image": "square64_png"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": _HISTORY_ANSWER}]},
+        {"role": "user", "content": [{"type": "text", "text": "And what colour dominates?"}]}]},
+]
+
+
+def image_bytes(name: str) -> bytes:
+    import io
+    import zlib
+
+    from PIL import Image
+
+    width, height, container = QWEN3_OMNI_IMAGES[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    channels = 4 if name.endswith("alpha") else 3
+    gradient = np.linspace(0, 200, width, dtype=np.float64)[None, :, None]
+    pixels = np.clip(rng.integers(0, 56, (height, width, channels)) + gradient, 0, 255).astype(np.uint8)
+    handle = io.BytesIO()
+    Image.fromarray(pixels, "RGBA" if channels == 4 else "RGB").save(handle, format=container)
+    return handle.getvalue()
+
+
+def image_part(name: str) -> dict:
+    import base64
+
+    media_type = "image/jpeg" if QWEN3_OMNI_IMAGES[name][2] == "JPEG" else "image/png"
+    return {"type": "image_url",
+            "image_url": {"url": f"data:{media_type};base64,{base64.b64encode(image_bytes(name)).decode()}"}}

@@ -603,12 +603,18 @@ def rig_thinker_im_end(tensors: dict[str, torch.Tensor], config: dict, tokens: i
     embed[:, [one, anchor, trigger]] = 0.0
     embed[:, one] = 1.0
     embed[TOKEN_IDS["assistant_token_id"], anchor] = 4.0
-    # audio embeddings replace token embeddings at the placeholders: they carry `one` and nothing
-    # else on the rig's channels, like an ordinary token
-    weight, bias = tensors["thinker.audio_tower.proj2.weight"], tensors["thinker.audio_tower.proj2.bias"]
-    weight[[one, anchor, trigger]] = 0.0
-    bias[[one, anchor, trigger]] = 0.0
-    bias[one] = 1.0
+    # audio and image embeddings replace token embeddings at the placeholders: they carry `one`
+    # and nothing else on the rig's channels, like an ordinary token
+    for name in ("thinker.audio_tower.proj2", "thinker.visual.merger.mlp.2"):
+        weight, bias = tensors[f"{name}.weight"], tensors[f"{name}.bias"]
+        weight[[one, anchor, trigger]] = 0.0
+        bias[[one, anchor, trigger]] = 0.0
+        bias[one] = 1.0
+    # the deepstack features are added to hidden states at image tokens: nothing on those channels
+    for name in [n[:-len(".weight")] for n in tensors if n.startswith("thinker.visual.merger_list.")
+                 and n.endswith("mlp.2.weight")]:
+        tensors[f"{name}.weight"][[one, anchor, trigger]] = 0.0
+        tensors[f"{name}.bias"][[one, anchor, trigger]] = 0.0
     head = tensors["thinker.lm_head.weight"]
     head[:, [one, anchor, trigger]] = 0.0
     head[ENDOFTEXT_ID:] = 0.0

@@ -12,11 +12,15 @@ JOBS.json is a list of jobs; a job is a dict:
      "thinker_max_new_tokens": 64, "talker_max_new_tokens": 128, "talker_repetition_penalty": 1.05}
 
 Only ``id`` and one of ``prompt`` / ``messages`` are required. A user message's content may hold
+``{"type": "image", "image_png": PATH}`` parts (an image the processor's PIL backend reads) and
 ``{"type": "audio", "audio_npy": PATH}`` parts: a float32 waveform at 16 kHz saved with numpy. As the
 released processor does, every recording of the chat goes through the checkpoint's
 ``WhisperFeatureExtractor`` in one call (``padding=True``, no truncation, attention mask), each
 ``<|audio_pad|>`` of the rendered text is replaced by as many as the audio encoder yields for it,
-and ``input_features`` / ``feature_attention_mask`` go to ``generate``. The processor class itself
+and ``input_features`` / ``feature_attention_mask`` go to ``generate``; images go through the
+checkpoint's ``Qwen2VLImageProcessorPil`` (the processor's image processor without torchvision), each
+``<|image_pad|>`` is replaced by ``grid.prod() / merge_size^2`` of them, and ``pixel_values`` /
+``image_grid_thw`` go to ``generate``. The processor class itself
 is not built (it requires torchvision, whose registry wheels do not import beside a CPU-only
 torch); the steps above are its ``_process_audio`` and text replacement. Because the talker's
 ``get_rope_index`` reads ``config.audio_config`` (absent from the talker config) whenever a prompt
@@ -80,11 +84,12 @@ def _loading_info(info: dict) -> dict:
             ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")}
 
 
-def _media(messages: list[dict]) -> tuple[list[dict], list]:
-    """The messages as the template sees them, and the recordings in order."""
+def _media(messages: list[dict]) -> tuple[list[dict], list, list]:
+    """The messages as the template sees them, and the recordings and images in order."""
     import numpy as np
+    from PIL import Image
 
-    out, recordings = [], []
+    out, recordings, images = [], [], []
     for message in messages:
         content = message["content"]
         if isinstance(content, list):
@@ -93,26 +98,30 @@ def _media(messages: list[dict]) -> tuple[list[dict], list]:
                 if part.get("type") == "audio":
                     recordings.append(np.load(part["audio_npy"]).astype(np.float32))
                     parts.append({"type": "audio", "audio": f"recording {len(recordings)}"})
+                elif part.get("type") == "image":
+                    with Image.open(part["image_png"]) as image:
+                        images.append(image.copy())
+                    parts.append({"type": "image", "image": f"image {len(images)}"})
                 else:
                     parts.append(part)
             content = parts
         out.append({**message, "content": content})
-    return out, recordings
+    return out, recordings, images
 
 
-def _expand_audio(prompt_text: str, counts: list[int], token: str = "<|audio_pad|>") -> str:
+def _expand(prompt_text: str, counts: list[int], token: str) -> str:
     pieces = prompt_text.split(token)
     if len(pieces) - 1 != len(counts):
-        raise SystemExit(f"{len(pieces) - 1} audio placeholders for {len(counts)} recordings")
+        raise SystemExit(f"{len(pieces) - 1} {token} placeholders for {len(counts)} media items")
     return pieces[0] + "".join(token * n + rest for n, rest in zip(counts, pieces[1:]))
 
 
-def _run_job(model, tokenizer, job: dict, feature_extractor=None) -> tuple[dict, dict]:
+def _run_job(model, tokenizer, job: dict, feature_extractor=None, image_processor=None) -> tuple[dict, dict]:
     import numpy as np
     import torch
 
     job = {**DEFAULTS, **job}
-    messages, recordings = _media(job_messages(job))
+    messages, recordings, images = _media(job_messages(job))
     prompt_text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     media = {}
     if recordings:
@@ -122,8 +131,14 @@ def _run_job(model, tokenizer, job: dict, feature_extractor=None) -> tuple[dict,
                                      return_attention_mask=True, return_tensors="pt")
         mask = features["attention_mask"]
         counts = _get_feat_extract_output_lengths(mask.sum(-1), model.config.thinker_config.audio_config.n_window)
-        prompt_text = _expand_audio(prompt_text, [int(n) for n in counts])
+        prompt_text = _expand(prompt_text, [int(n) for n in counts], "<|audio_pad|>")
         media = {"input_features": features["input_features"], "feature_attention_mask": mask}
+    if images:
+        pixels = image_processor(images=images, return_tensors="pt")
+        merge = image_processor.merge_size
+        prompt_text = _expand(prompt_text, [int(g.prod()) // merge ** 2 for g in pixels["image_grid_thw"]],
+                              "<|image_pad|>")
+        media.update(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
     input_ids = torch.tensor([tokenizer(prompt_text, add_special_tokens=False)["input_ids"]], dtype=torch.long)
     if media:
         media["attention_mask"] = torch.ones_like(input_ids)
@@ -217,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import WhisperFeatureExtractor
 
     feature_extractor = WhisperFeatureExtractor.from_pretrained(args.checkpoint)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    image_processor = Qwen2VLImageProcessorPil.from_pretrained(args.checkpoint)
     # the talker's get_rope_index reads audio_config, which only the thinker config carries
     model.talker.config.audio_config = model.config.thinker_config.audio_config
     meta = {
@@ -231,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     summaries = {}
     for job in jobs:
-        arrays, summary = _run_job(model, tokenizer, job, feature_extractor)
+        arrays, summary = _run_job(model, tokenizer, job, feature_extractor, image_processor)
         np.savez(os.path.join(args.out, f"{job['id']}.npz"), **arrays)
         summaries[job["id"]] = summary
         print(f"[omni-oracle] {job['id']}: {summary['generated']} tokens, {summary.get('frames', 0)} frames, "

@@ -10,8 +10,9 @@ long enough to watch the audio start while it writes).
 * streaming: text deltas come before audio, and the first audio leaves before the thinker ends;
 * `return_audio: false` streams the text only; seeded sampling is isolated too;
 * a client that leaves frees all three stages; bad requests get `invalid_request` naming the field;
-* audio input: questions with recordings (input_audio parts in PARAMS `content` / `messages`)
-  equal the reference, alone and beside text conversations; a bad recording names its part.
+* audio and image input: questions with recordings and images (input_audio / image_url parts in
+  PARAMS `content` / `messages`) equal the reference, alone and beside text conversations; a bad
+  recording or image names its part.
 """
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ import yaml
 from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream_parts
 from tests.oracle.qwen3_omni_reference import job_messages
-from tests.qwen3_omni_fixtures import QWEN3_OMNI_AUDIO_JOBS, audio_job_messages
+from tests.qwen3_omni_fixtures import QWEN3_OMNI_AUDIO_JOBS, QWEN3_OMNI_IMAGE_JOBS, audio_job_messages
+
+MEDIA_JOBS = QWEN3_OMNI_AUDIO_JOBS + QWEN3_OMNI_IMAGE_JOBS
 from tests.system.speech_api_helpers import metric, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,11 +273,12 @@ def _audio_job_request(job: dict) -> tuple[str, dict]:
 
 @pytest.fixture(scope="module")
 def audio_solo(omni_server, qwen3_omni_audio_reference):
-    return {job["id"]: Served(omni_server, PARITY, *_audio_job_request(job)) for job in QWEN3_OMNI_AUDIO_JOBS}
+    return {job["id"]: Served(omni_server, PARITY, *_audio_job_request(job)) for job in MEDIA_JOBS}
 
 
-def test_served_audio_questions_equal_the_reference(audio_solo, qwen3_omni_audio_reference, tokenizer):
-    """Recordings sent as input_audio parts (WAV, FLAC, MP3; 16 and 44.1 kHz; 0.5 to 30 s)."""
+def test_served_audio_and_image_questions_equal_the_reference(audio_solo, qwen3_omni_audio_reference, tokenizer):
+    """Recordings sent as input_audio parts (WAV, FLAC, MP3; 16 and 44.1 kHz; 0.5 to 30 s) and
+    images as image_url data URLs (PNG, JPEG, RGBA; square, wide, tall; 64 to 640 pixels)."""
     for job_id, ref in qwen3_omni_audio_reference["tiny"]["jobs"].items():
         served = audio_solo[job_id]
         generated = ref["sequences"].tolist()[len(ref["input_ids"]):]
@@ -286,9 +290,9 @@ def test_served_audio_questions_equal_the_reference(audio_solo, qwen3_omni_audio
         assert float(np.abs(served.audio - ref["waveform"]).max()) <= WAVEFORM_TOLERANCE, job_id
 
 
-def test_concurrent_audio_questions_equal_their_solo_runs(omni_server, audio_solo, solo, qwen3_omni_reference):
-    """Audio and text conversations at once: each equal to its solo run bit for bit."""
-    requests = {job["id"]: _audio_job_request(job) for job in QWEN3_OMNI_AUDIO_JOBS}
+def test_concurrent_media_questions_equal_their_solo_runs(omni_server, audio_solo, solo, qwen3_omni_reference):
+    """Audio, image and text conversations at once: each equal to its solo run bit for bit."""
+    requests = {job["id"]: _audio_job_request(job) for job in MEDIA_JOBS}
     requests.update({job_id: _job_request(ref["job"]) for job_id, ref in qwen3_omni_reference["tiny"]["jobs"].items()})
     with ThreadPoolExecutor(len(requests)) as pool:
         futures = {job_id: pool.submit(Served, omni_server, PARITY, *request) for job_id, request in requests.items()}
@@ -316,6 +320,10 @@ def _wav_part(seconds: float, rate: int = 16000) -> dict:
      "content[0].input_audio.data", "is not audio"),
     ("What is it?", {"content": [_wav_part(121)]}, "content[0].input_audio.data", "at most 120 s"),
     ("What is it?", {"content": [{"type": "input_file", "file": {}}]}, "content[0]", "must be"),
+    ("What is it?", {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]},
+     "content[0].image_url.url", "not an image"),
+    ("What is it?", {"content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]},
+     "content[0].image_url.url", "does not fetch"),
     ("What is it?", {"content": []}, "content", "non-empty"),
     ("", {}, "text", "is empty"),
     ("And?", {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "@@"}}]},

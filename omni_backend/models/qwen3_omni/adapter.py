@@ -3,7 +3,8 @@
 TEXT is the user's new message. PARAMS ``messages`` (optional) is the conversation before it,
 OpenAI-style ``{"role": "system" | "user" | "assistant", "content": str or a list of parts}`` (a
 system message only first); a part is ``{"type": "text", "text": ...}`` or, in user messages,
-``{"type": "input_audio", "input_audio": {"data": <base64>, "format": "wav" | "mp3" | ...}}``.
+``{"type": "input_audio", "input_audio": {"data": <base64>, "format": "wav" | "mp3" | ...}}`` or
+``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``.
 PARAMS ``content`` (optional) holds parts of the new message that come before TEXT (a recording,
 then the question about it); with ``content``, TEXT may be empty (a spoken question alone).
 ``system`` is a system prompt (not together with a system message). The thinker answers; ``return_audio: false`` skips the talker and code2wav (a
@@ -88,7 +89,7 @@ class Qwen3OmniAdapter(TTSAdapter):
                 d.update(choices=self.speakers, default=self.default_speaker())
         params.append({"name": "messages", "type": "list", "help": "the conversation before TEXT"})
         params.append({"name": "content", "type": "list",
-                       "help": "parts of the new message before TEXT (text, input_audio)"})
+                       "help": "parts of the new message before TEXT (text, input_audio, image_url)"})
         # `chat`: TEXT is a user turn answered by the model (PARAMS `messages`: the turns before it)
         return {"params": params, "voices": self.speakers, "default_voice": self.default_speaker(), "clones_voices": False,
                 "chat": True}

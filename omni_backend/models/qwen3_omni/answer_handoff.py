@@ -34,7 +34,8 @@ class AnswerHandoff(Transfer):
         first = await stage.wait(thinker.__anext__())
         if "PROMPT_IDS" not in first:
             raise RuntimeError("the thinker's first output must carry PROMPT_IDS")
-        opening = {name: first[name] for name in ("PROMPT_IDS", "PROMPT_HIDDEN") if name in first}
+        opening = {name: first[name] for name in ("PROMPT_IDS", "PROMPT_HIDDEN", "PROMPT_GRIDS")
+                   if name in first}
         talker = stage.stream(opening, request=request)
         feeder = asyncio.ensure_future(self._feed(thinker, talker, stage))
         frames = talker.__aiter__()

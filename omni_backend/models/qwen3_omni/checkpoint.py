@@ -4,8 +4,8 @@ our modules: ``config.json``, ``model.safetensors`` or sharded ``model-*.safeten
 
 Each part is read strictly (a missing or unexpected tensor is an error naming it): ``thinker``
 (``thinker.model.*`` + ``thinker.lm_head``), ``audio_tower`` (``thinker.audio_tower.*``, with the
-processor's ``preprocessor_config.json``), ``talker.*`` and ``code2wav.*``; ``thinker.visual`` is
-not read yet. With a sharded checkpoint only the shards that hold a wanted tensor are opened.
+processor's ``preprocessor_config.json``), ``visual`` (``thinker.visual.*``, with the image
+processor's settings of the same file), ``talker.*`` and ``code2wav.*``. With a sharded checkpoint only the shards that hold a wanted tensor are opened.
 code2wav is always Float32.
 """
 from __future__ import annotations
@@ -24,6 +24,8 @@ from omni_backend.models.qwen3_tts.tokenizer import QwenTextTokenizer
 from .audio_features import AudioFeatureExtractor
 from .audio_tower import AudioTower
 from .code2wav import Code2Wav
+from .image_processor import ImageProcessor
+from .vision_encoder import VisionEncoder
 from .config import Qwen3OmniConfig, load_config
 from .moe import SparseMoeBlock
 from .prompt import ChatTemplate, PromptBuilder
@@ -32,7 +34,7 @@ from .thinker import Thinker
 
 __all__ = ["Qwen3OmniCheckpoint", "load_checkpoint", "load_thinker_embedding", "ThinkerEmbedding", "PARTS"]
 
-PARTS = ("thinker", "audio_tower", "talker", "code2wav")
+PARTS = ("thinker", "audio_tower", "visual", "talker", "code2wav")
 # thinker tensors the thinker's text model does not hold (its encoders are parts of their own)
 _SKIPPED_THINKER = ("thinker.audio_tower.", "thinker.visual.")
 
@@ -44,15 +46,18 @@ class Qwen3OmniCheckpoint:
     tokenizer: QwenTextTokenizer | None  # None: the folder has no tokenizer files (prompt ids only)
     chat_template: ChatTemplate
     features: AudioFeatureExtractor = AudioFeatureExtractor()
+    image_processor: ImageProcessor = ImageProcessor()
     thinker: Thinker | None = None
     audio_tower: AudioTower | None = None
+    visual: VisionEncoder | None = None
     talker: Talker | None = None
     code2wav: Code2Wav | None = None
 
     def prompt_builder(self) -> PromptBuilder:
         if self.tokenizer is None:
             raise FileNotFoundError(f"{self.path}: no tokenizer.json (or vocab.json + merges.txt)")
-        return PromptBuilder(self.config, self.tokenizer, self.chat_template, self.features)
+        return PromptBuilder(self.config, self.tokenizer, self.chat_template, self.features,
+                             images=self.image_processor)
 
 
 def _weight_map(checkpoint_dir: str) -> dict[str, str]:
@@ -124,7 +129,8 @@ def load_checkpoint(checkpoint_dir: str, dtype: torch.dtype | str = torch.float3
     except FileNotFoundError:
         tokenizer = None
     checkpoint = Qwen3OmniCheckpoint(checkpoint_dir, config, tokenizer, ChatTemplate.from_checkpoint(checkpoint_dir),
-                                     AudioFeatureExtractor.from_checkpoint(checkpoint_dir))
+                                     AudioFeatureExtractor.from_checkpoint(checkpoint_dir),
+                                     ImageProcessor.from_checkpoint(checkpoint_dir))
     weights = _weight_map(checkpoint_dir)
     if "thinker" in parts:
         with torch.device("meta"):
@@ -137,6 +143,11 @@ def load_checkpoint(checkpoint_dir: str, dtype: torch.dtype | str = torch.float3
         _load_into(audio_tower, _read(weights, "thinker.audio_tower."), "thinker.audio_tower.", checkpoint_dir,
                    dtype, device)
         checkpoint.audio_tower = audio_tower
+    if "visual" in parts and config.vision is not None:
+        with torch.device("meta"):
+            visual = VisionEncoder(config.vision)
+        _load_into(visual, _read(weights, "thinker.visual."), "thinker.visual.", checkpoint_dir, dtype, device)
+        checkpoint.visual = visual
     if "talker" in parts:
         with torch.device("meta"):
             talker = Talker(config.talker)

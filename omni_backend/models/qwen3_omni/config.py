@@ -4,7 +4,7 @@
 Parsed: the thinker's text model (``thinker_config.text_config``), its audio encoder
 (``thinker_config.audio_config``) and media token ids, the talker (``talker_config``: its MoE text
 model, the code predictor, codec and speaker ids), ``code2wav_config`` and the top-level chat / TTS
-token ids. The vision encoder section is not read yet.
+token ids, and its vision encoder (``thinker_config.vision_config``).
 
 Two spellings of the rotary settings are read: the released one (``rope_theta`` plus
 ``rope_scaling`` with ``mrope_section``), and the one transformers 5 writes (``rope_parameters``).
@@ -28,6 +28,7 @@ __all__ = [
     "TalkerConfig",
     "Code2WavConfig",
     "AudioTowerConfig",
+    "VisionConfig",
     "Qwen3OmniConfig",
     "load_config",
 ]
@@ -354,6 +355,49 @@ class AudioTowerConfig:
 
 
 @dataclass(frozen=True)
+class VisionConfig:
+    """``thinker_config.vision_config``; defaults are the reference's ``Qwen3OmniMoeVisionEncoderConfig``."""
+
+    depth: int = 27
+    hidden_size: int = 1152
+    hidden_act: str = "gelu_pytorch_tanh"
+    intermediate_size: int = 4304
+    num_heads: int = 16
+    in_channels: int = 3
+    patch_size: int = 16
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    out_hidden_size: int = 3584
+    num_position_embeddings: int = 2304
+    deepstack_visual_indexes: tuple[int, ...] = (8, 16, 24)
+    rope_theta: float = 10000.0
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "VisionConfig":
+        where = "thinker_config.vision_config."
+        d = cls
+        scalars = {name: type(getattr(d, name))(raw.get(name, getattr(d, name))) for name in (
+            "depth", "hidden_size", "hidden_act", "intermediate_size", "num_heads", "in_channels", "patch_size",
+            "spatial_merge_size", "temporal_patch_size", "out_hidden_size", "num_position_embeddings")}
+        theta = float((raw.get("rope_parameters") or {}).get("rope_theta", raw.get("rope_theta", d.rope_theta)))
+        config = cls(**scalars, rope_theta=theta,
+                     deepstack_visual_indexes=tuple(int(i) for i in raw.get("deepstack_visual_indexes",
+                                                                            d.deepstack_visual_indexes)))
+        if config.hidden_size % config.num_heads or (config.hidden_size // config.num_heads) % 4:
+            raise ConfigError(f"{where}num_heads: {config.num_heads} must divide hidden_size {config.hidden_size} "
+                              "into heads of a multiple of 4 (2-D rotary)")
+        side = int(config.num_position_embeddings ** 0.5)
+        if side * side != config.num_position_embeddings:
+            raise ConfigError(f"{where}num_position_embeddings: {config.num_position_embeddings} is not a square")
+        if any(not 0 <= i < config.depth for i in config.deepstack_visual_indexes):
+            raise ConfigError(f"{where}deepstack_visual_indexes: {list(config.deepstack_visual_indexes)} are not "
+                              f"blocks 0..{config.depth - 1}")
+        if config.hidden_act not in ("gelu_pytorch_tanh", "gelu"):
+            raise ConfigError(f"{where}hidden_act: {config.hidden_act!r} is not supported")
+        return config
+
+
+@dataclass(frozen=True)
 class Qwen3OmniConfig:
     thinker: MoeTextConfig
     talker: TalkerConfig
@@ -376,6 +420,9 @@ class Qwen3OmniConfig:
     vision_start_token_id: int = 151652
     vision_end_token_id: int = 151653
     audio: AudioTowerConfig | None = None   # None: the checkpoint config has no audio encoder
+    vision: VisionConfig | None = None      # None: no vision encoder
+    position_id_per_seconds: float = 13.0   # the thinker's temporal positions per second of media
+    talker_position_id_per_seconds: float = 25.0
     transformers_version: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -406,6 +453,13 @@ class Qwen3OmniConfig:
             ids[name] = int(thinker_raw.get(name, default))
         audio_raw = thinker_raw.get("audio_config")
         audio = AudioTowerConfig.from_dict(audio_raw) if isinstance(audio_raw, Mapping) else None
+        vision_raw = thinker_raw.get("vision_config")
+        vision = VisionConfig.from_dict(vision_raw) if isinstance(vision_raw, Mapping) else None
+        if vision is not None and vision.out_hidden_size != thinker.hidden_size:
+            raise ConfigError(f"thinker_config.vision_config.out_hidden_size: {vision.out_hidden_size} differs from "
+                              f"the thinker's hidden_size {thinker.hidden_size}")
+        if vision is not None and len(vision.deepstack_visual_indexes) > thinker.num_hidden_layers:
+            raise ConfigError("thinker_config.vision_config.deepstack_visual_indexes: more than the thinker's layers")
         if audio is not None and audio.output_dim != thinker.hidden_size:
             raise ConfigError(f"thinker_config.audio_config.output_dim: {audio.output_dim} differs from the "
                               f"thinker's hidden_size {thinker.hidden_size} (audio features replace token embeddings)")
@@ -414,6 +468,9 @@ class Qwen3OmniConfig:
             talker=talker,
             code2wav=Code2WavConfig.from_dict(raw.get("code2wav_config") or {}),
             audio=audio,
+            vision=vision,
+            position_id_per_seconds=float(thinker_raw.get("position_id_per_seconds", 25)),
+            talker_position_id_per_seconds=float((raw.get("talker_config") or {}).get("position_id_per_seconds", 25)),
             enable_audio_output=bool(raw.get("enable_audio_output", True)),
             transformers_version=raw.get("transformers_version"),
             raw=raw,

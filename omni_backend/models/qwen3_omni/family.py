@@ -1,8 +1,9 @@
 """Qwen3-Omni pipelines: thinker -> talker (+ code predictor) -> code2wav.
 
-Stage 0 (``thinker``, fed the client's chat turn; its audio tower encodes the recordings in it)
+Stage 0 (``thinker``, fed the client's chat turn; its audio tower and vision encoder encode the
+recordings and images in it)
 streams the answer: its prompt ids first (PROMPT_IDS, with PROMPT_HIDDEN: the hidden states the
-talker reads at media placeholders), then per token TOKEN_IDS and the text it completes (TEXT_DELTA, to the client as it
+talker reads at media placeholders, and PROMPT_GRIDS: the images' patch grids), then per token TOKEN_IDS and the text it completes (TEXT_DELTA, to the client as it
 arrives), and FINISH_REASON with the last. The transfer :class:`.answer_handoff.AnswerHandoff`
 opens one talker stream per request and hands it the thinker's tokens in chunks of the talker's
 ``thinker_chunk_tokens`` while both run; the talker starts once its prefill can be built and waits,
@@ -34,7 +35,7 @@ def _qwen3_omni(name: str, description: str, default_model: str | None) -> Pipel
         stages=(
             StageConfig(stage_id=0, model_stage="thinker", kind="stream",
                         outputs=(TensorSpec("PROMPT_IDS", "INT64", (-1,)), TensorSpec("PROMPT_HIDDEN", "FP32", (-1, -1)),
-                                 TensorSpec("TOKEN_IDS", "INT64", (-1,)),
+                                 TensorSpec("PROMPT_GRIDS", "INT64", (-1, 3)), TensorSpec("TOKEN_IDS", "INT64", (-1,)),
                                  TensorSpec("TEXT_DELTA", "STRING", (1,)), TensorSpec("FINISH_REASON", "STRING", (1,)),
                                  TensorSpec("ERROR", "STRING", (1,))),   # its errors, as data (triton/stage.py)
                         client_outputs=("TEXT_DELTA", "FINISH_REASON"),
@@ -42,6 +43,7 @@ def _qwen3_omni(name: str, description: str, default_model: str | None) -> Pipel
             StageConfig(stage_id=1, model_stage="talker", kind="stream", input_sources=(0,), options=TALKER_OPTIONS,
                         inputs=(TensorSpec("PROMPT_IDS", "INT64", (-1,), optional=True),
                                 TensorSpec("PROMPT_HIDDEN", "FP32", (-1, -1), optional=True),
+                                TensorSpec("PROMPT_GRIDS", "INT64", (-1, 3), optional=True),
                                 TensorSpec("TOKEN_IDS", "INT64", (-1,), optional=True)),
                         outputs=(TensorSpec("CODES", "INT64", (-1, -1)), TensorSpec("ERROR", "STRING", (1,))),
                         transfer="omni_backend.models.qwen3_omni.answer_handoff.AnswerHandoff",
@@ -57,8 +59,8 @@ def _qwen3_omni(name: str, description: str, default_model: str | None) -> Pipel
 
 
 PIPELINES = (
-    _qwen3_omni("qwen3_omni", "Qwen3-Omni (thinker -> talker -> code2wav): chat in (text and audio), text "
-                              "and speech out; needs --model PATH", None),
+    _qwen3_omni("qwen3_omni", "Qwen3-Omni (thinker -> talker -> code2wav): chat in (text, audio, images), "
+                              "text and speech out; needs --model PATH", None),
     _qwen3_omni("qwen3_omni_tiny_random", "Qwen3-Omni tiny RANDOM weights (writes and speaks nonsense): the "
                                           "three-stage path out of the box", "builtin:qwen3_omni_tiny_random"),
 )

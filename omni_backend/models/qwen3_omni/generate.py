@@ -28,7 +28,7 @@ from .checkpoint import Qwen3OmniCheckpoint
 from .code2wav import REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES
 from .layers import text_positions
 from .prompt import COMMON_SHAPE_ROWS, TalkerInput, ThinkerPrompt
-from .prompt_embeds import prompt_embeds
+from .prompt_embeds import ThinkerInputs, prompt_embeds
 from .talker import Talker
 from .thinker import Thinker
 
@@ -110,16 +110,21 @@ def thinker_generate(thinker: Thinker, prompt_ids: Sequence[int], max_new_tokens
                      eos_token_ids: Sequence[int] = (151645,), sampling: Sampling = Sampling(),
                      generator: torch.Generator | None = None, accept_layer: int | None = None,
                      on_tokens: Callable[[list[int], bool], None] | None = None,
-                     inputs_embeds: torch.Tensor | None = None) -> ThinkerResult:
+                     media: ThinkerInputs | None = None) -> ThinkerResult:
     """Greedy (or sampled) thinker answer to ``prompt_ids``. ``on_tokens(ids, last)`` is called
-    with each new token (``last``: it ends the answer). ``inputs_embeds``: the prompt's layer-0
-    input when it holds media (:func:`~.prompt_embeds.prompt_embeds`)."""
+    with each new token (``last``: it ends the answer). ``media``: the prompt's input when it holds
+    media (:func:`~.prompt_embeds.prompt_embeds`)."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     device = thinker.lm_head.weight.device
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
     cache = thinker.new_cache()
-    out = thinker(ids, cache, accept_layer=accept_layer, inputs_embeds=inputs_embeds)
+    delta = media.delta if media is not None else 0
+    if media is None:
+        out = thinker(ids, cache, accept_layer=accept_layer)
+    else:
+        out = thinker(ids, cache, media.positions, accept_layer=accept_layer, inputs_embeds=media.embeds,
+                      deepstack=media.deepstack, visual_mask=media.visual_mask)
     result = ThinkerResult(list(prompt_ids), [], "length", out.accept_hidden)
     sequence = ids
     eos = set(int(t) for t in eos_token_ids)
@@ -134,7 +139,7 @@ def thinker_generate(thinker: Thinker, prompt_ids: Sequence[int], max_new_tokens
         if last:
             result.finish_reason = "stop" if value in eos else "length"
             return result
-        position = text_positions(cache.length, 1, device)
+        position = text_positions(cache.length + delta, 1, device)
         out = thinker(token.view(1, 1), cache, position)
 
 
@@ -158,7 +163,9 @@ def talker_generate(talker: Talker, text: TalkerInput, max_new_tokens: int = 409
     predictor_sampling = CODE_PREDICTOR_SAMPLING if sampling.do_sample else Sampling()
     device = talker.codec_head.weight.device
     cache = talker.new_cache()
-    logits, hidden = talker(text.prefill(), cache)
+    prefill = text.prefill()
+    positions, delta = text.positions(prefill.shape[1])
+    logits, hidden = talker(prefill, cache, positions)
     generated: list[torch.Tensor] = []
     frames: list[torch.Tensor] = []
     while True:
@@ -178,7 +185,7 @@ def talker_generate(talker: Talker, text: TalkerInput, max_new_tokens: int = 409
         frames.append(torch.cat((first.view(1, 1), residual), dim=1))
         embeds = torch.cat([first_embed] + residual_embeds, dim=1).sum(1, keepdim=True)
         embeds = embeds + text.trailing.row(step)
-        logits, hidden = talker(embeds, cache, text_positions(cache.length, 1, device))
+        logits, hidden = talker(embeds, cache, text_positions(cache.length + delta, 1, device))
     codes = torch.cat(frames, dim=0).T.contiguous() if frames else torch.zeros(c.num_code_groups, 0,
                                                                                dtype=torch.long, device=device)
     return TalkerResult(codes.to(torch.long), reason)
@@ -218,19 +225,20 @@ def generate(checkpoint: Qwen3OmniCheckpoint, messages: Sequence[Mapping] | None
         generator = torch.Generator(device=checkpoint.thinker.lm_head.weight.device).manual_seed(int(seed))
     if return_audio and (checkpoint.talker is None or checkpoint.code2wav is None):
         raise ValueError("return_audio needs the talker and code2wav (load_checkpoint parts)")
-    embeds = prompt_embeds(checkpoint.thinker, checkpoint.audio_tower, config, built)
+    media = prompt_embeds(checkpoint.thinker, checkpoint.audio_tower, config, built, checkpoint.visual)
     # the talker reads the thinker's hidden state accept_hidden_layer at the media placeholders
     accept = config.talker.accept_hidden_layer if return_audio and built.multimodal else None
     eos = (config.im_end_token_id,) if thinker_eos_token_ids is None else tuple(thinker_eos_token_ids)
     thinker = thinker_generate(checkpoint.thinker, prompt_ids, thinker_max_new_tokens, eos, thinker_sampling,
-                               generator, accept_layer=accept, inputs_embeds=embeds)
+                               generator, accept_layer=accept, media=media)
     result = OmniResult(prompt_ids, thinker.sequence, thinker.finish_reason)
     if not return_audio:
         return result
     # the whole answer projected at once: the reference's shape
     text_input = TalkerInput(config, checkpoint.thinker, checkpoint.talker, prompt_ids, speaker,
                              prompt_hidden=thinker.prompt_hidden,
-                             start_rows=max(COMMON_SHAPE_ROWS, len(thinker.generated) + len(prompt_ids)))
+                             start_rows=max(COMMON_SHAPE_ROWS, len(thinker.generated) + len(prompt_ids)),
+                             image_grids=[image.grid for image in built.images])
     text_input.add(thinker.generated, last=True)
     talker = talker_generate(checkpoint.talker, text_input, talker_max_new_tokens, talker_sampling, generator)
     result.codes, result.talker_finish_reason = talker.codes, talker.finish_reason

@@ -65,7 +65,8 @@ from omni_backend.models.qwen3_tts.trailing_text import TrailingText
 
 from .audio_features import AudioFeatureExtractor
 from .config import Qwen3OmniConfig
-from .media import AudioLimits, decode_input_audio
+from .image_processor import ImageProcessor, ProcessedImage
+from .media import AudioLimits, ImageLimits, decode_image_url, decode_input_audio
 
 __all__ = [
     "PromptError",
@@ -182,8 +183,8 @@ class ChatTemplate:
 def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
-    return "".join("<|audio_start|><|audio_pad|><|audio_end|>" if part["type"] == "audio" else part["text"]
-                   for part in content)
+    spans = {"audio": "<|audio_start|><|audio_pad|><|audio_end|>", "image": "<|vision_start|><|image_pad|><|vision_end|>"}
+    return "".join(spans[part["type"]] if part["type"] in spans else part["text"] for part in content)
 
 
 # --------------------------------------------------------------------------- thinker prompt
@@ -197,6 +198,7 @@ class ThinkerPrompt:
 
     ids: list[int]
     audio_features: list[torch.Tensor] = field(default_factory=list)  # [mel_bins, frames] each
+    images: list[ProcessedImage] = field(default_factory=list)         # patches and grid each
     # the thinker layer whose hidden states at the placeholders the talker reads (None: not wanted),
     # and those rows once the prefill ran ([placeholders, hidden], float32)
     hidden_layer: int | None = None
@@ -204,7 +206,7 @@ class ThinkerPrompt:
 
     @property
     def multimodal(self) -> bool:
-        return bool(self.audio_features)
+        return bool(self.audio_features or self.images)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -213,16 +215,20 @@ class ThinkerPrompt:
 class PromptBuilder:
     """Chat input -> thinker prompt. A message's content is a string or a list of parts:
     ``{"type": "text", "text": ...}``, ``{"type": "input_audio", "input_audio": {"data": base64,
-    "format": ...}}`` (OpenAI's), or in process ``{"type": "audio", "audio": <float32 waveform at
-    the feature extractor's rate>}``."""
+    "format": ...}}`` and ``{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}``
+    (OpenAI's), or in process ``{"type": "audio", "audio": <float32 waveform at the feature
+    extractor's rate>}`` and ``{"type": "image", "image": <PIL image>}``."""
 
     def __init__(self, config: Qwen3OmniConfig, tokenizer: QwenTextTokenizer, template: ChatTemplate,
-                 features: AudioFeatureExtractor | None = None, limits: AudioLimits = AudioLimits()) -> None:
+                 features: AudioFeatureExtractor | None = None, limits: AudioLimits = AudioLimits(),
+                 images: ImageProcessor | None = None, image_limits: ImageLimits = ImageLimits()) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.template = template
         self.features = features or AudioFeatureExtractor()
         self.limits = limits
+        self.images = images or ImageProcessor()
+        self.image_limits = image_limits
 
     def messages(self, messages: Sequence[Mapping[str, Any]] | None = None, prompt: str | None = None,
                  system: str | None = None) -> list[dict[str, Any]]:
@@ -243,7 +249,7 @@ class PromptBuilder:
             return out
         if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
             raise PromptError("messages", "must be a non-empty list of {role, content}")
-        recordings = 0
+        recordings = pictures = 0
         for index, message in enumerate(messages):
             where = f"messages[{index}]"
             if not isinstance(message, Mapping):
@@ -256,8 +262,12 @@ class PromptBuilder:
             content = self._content(content, f"{where}.content", media=role == "user")
             if not isinstance(content, str):
                 recordings += sum(part["type"] == "audio" for part in content)
+                pictures += sum(part["type"] == "image" for part in content)
                 if recordings > self.limits.max_recordings:
                     raise PromptError(f"{where}.content", f"more than {self.limits.max_recordings} recordings "
+                                                          "in one conversation")
+                if pictures > self.image_limits.max_images:
+                    raise PromptError(f"{where}.content", f"more than {self.image_limits.max_images} images "
                                                           "in one conversation")
             out.append({"role": role, "content": content})
         if out[-1]["role"] == "assistant":
@@ -279,8 +289,16 @@ class PromptBuilder:
             if kind == "text" and isinstance(part.get("text"), str):
                 _check_text(part["text"], f"{at}.text", self.config)
                 parts.append({"type": "text", "text": part["text"]})
-            elif kind in ("input_audio", "audio") and not media:
-                raise PromptError(at, "audio is read in user messages only")
+            elif kind in ("input_audio", "audio", "image_url", "image") and not media:
+                raise PromptError(at, "media (audio, images) is read in user messages only")
+            elif kind == "image_url":
+                if self.config.vision is None:
+                    raise PromptError(at, "this checkpoint has no vision encoder (thinker_config.vision_config)")
+                image = decode_image_url(part, at, self.image_limits)
+                parts.append({"type": "image", "image": image, "processed": self._process_image(image, at)})
+            elif kind == "image" and hasattr(part.get("image"), "getbands"):
+                parts.append({"type": "image", "image": part["image"],
+                              "processed": self._process_image(part["image"], at)})
             elif kind == "input_audio":
                 if self.config.audio is None:
                     raise PromptError(at, "this checkpoint has no audio encoder (thinker_config.audio_config)")
@@ -290,9 +308,15 @@ class PromptBuilder:
             elif kind == "audio" and hasattr(part.get("audio"), "shape"):
                 parts.append({"type": "audio", "audio": np.asarray(part["audio"], dtype=np.float32).reshape(-1)})
             else:
-                raise PromptError(at, "must be {type: text, text} or {type: input_audio, input_audio: "
-                                      "{data, format}}")
+                raise PromptError(at, "must be {type: text, text}, {type: input_audio, input_audio: "
+                                      "{data, format}} or {type: image_url, image_url: {url}}")
         return parts
+
+    def _process_image(self, image, at: str) -> ProcessedImage:
+        try:
+            return self.images(image)
+        except ValueError as error:   # smart_resize's aspect-ratio bound
+            raise PromptError(at, f"cannot be processed: {error}") from None
 
     def text(self, messages: Sequence[Mapping[str, Any]] | None = None, prompt: str | None = None,
              system: str | None = None) -> str:
@@ -300,7 +324,7 @@ class PromptBuilder:
 
     def _render(self, messages: list[dict[str, Any]]) -> str:
         rendered = [m if isinstance(m["content"], str) else
-                    {"role": m["role"], "content": [{"type": "audio"} if p["type"] == "audio" else p
+                    {"role": m["role"], "content": [{"type": p["type"]} if p["type"] in ("audio", "image") else p
                                                     for p in m["content"]]}
                     for m in messages]
         return self.template.render(rendered, add_generation_prompt=True)
@@ -312,21 +336,31 @@ class PromptBuilder:
         reference processor expands it), and the recordings' features."""
         validated = self.messages(messages, prompt, system)
         ids = self.tokenizer.encode(self._render(validated))
-        recordings = [p["audio"] for m in validated if not isinstance(m["content"], str)
-                      for p in m["content"] if p["type"] == "audio"]
+        media = [p for m in validated if not isinstance(m["content"], str) for p in m["content"]
+                 if p["type"] in ("audio", "image")]
+        recordings = [p["audio"] for p in media if p["type"] == "audio"]
+        images = [p["processed"] for p in media if p["type"] == "image"]
         features = self.features(recordings) if recordings else []
-        audio_id = self.config.audio_token_id
-        if ids.count(audio_id) != len(recordings):
-            raise PromptError("messages", f"the chat template wrote {ids.count(audio_id)} audio placeholders for "
-                                          f"{len(recordings)} recordings")
-        if recordings:
-            counts = iter(self.config.audio.output_length(int(f.shape[-1])) for f in features)
+        audio_id, image_id = self.config.audio_token_id, self.config.image_token_id
+        for token, count, what in ((audio_id, len(recordings), "recordings"), (image_id, len(images), "images")):
+            if ids.count(token) != count:
+                raise PromptError("messages", f"the chat template wrote {ids.count(token)} placeholders for "
+                                              f"{count} {what}")
+        if media:
+            audio_counts = iter(self.config.audio.output_length(int(f.shape[-1])) for f in features)
+            merge = self.config.vision.spatial_merge_size if images else 1
+            image_counts = iter(image.tokens(merge) for image in images)
             expanded: list[int] = []
             for token in ids:
-                expanded += [audio_id] * next(counts) if token == audio_id else [token]
+                if token == audio_id:
+                    expanded += [audio_id] * next(audio_counts)
+                elif token == image_id:
+                    expanded += [image_id] * next(image_counts)
+                else:
+                    expanded.append(token)
             ids = expanded
         assistant_start(ids, self.config)  # the talker needs the assistant header
-        return ThinkerPrompt(ids, features)
+        return ThinkerPrompt(ids, features, images)
 
     def build(self, messages: Sequence[Mapping[str, Any]] | None = None, prompt: str | None = None,
               system: str | None = None) -> list[int]:
@@ -383,13 +417,15 @@ class TalkerInput:
     they arrive (see the module docstring)."""
 
     def __init__(self, config: Qwen3OmniConfig, thinker, talker, prompt_ids: Sequence[int], speaker: str,
-                 prompt_hidden: torch.Tensor | None = None, start_rows: int = COMMON_SHAPE_ROWS) -> None:
+                 prompt_hidden: torch.Tensor | None = None, start_rows: int = COMMON_SHAPE_ROWS,
+                 image_grids: Sequence[Sequence[int]] = ()) -> None:
         """``thinker``: anything with the thinker's ``embed(ids)`` (a :class:`~.thinker.Thinker`, or
         a holder of its ``embed_tokens`` table only: the talker reads token embeddings, not hidden
         states, for text); ``talker``: a :class:`~.talker.Talker`; ``prompt_hidden``: the thinker's
         hidden state ``accept_hidden_layer`` over the prompt ``[1, L, thinker_hidden]``, or its rows
         at the multimodal placeholders only ``[placeholders, thinker_hidden]`` (what the thinker
-        stage sends), needed only when the prompt has multimodal placeholders."""
+        stage sends), needed only when the prompt has multimodal placeholders; ``image_grids``:
+        ``(t, h, w)`` of the prompt's images in order (the talker's rotary positions follow them)."""
         self.config = config
         self.thinker = thinker
         self.talker = talker
@@ -402,6 +438,8 @@ class TalkerInput:
         self.device = device
         prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
         self.prompt_length = prompt.shape[1]
+        self.image_grids = [tuple(int(x) for x in grid) for grid in image_grids]
+        self.user_ids = [int(prompt_ids[i]) for i in user_positions(list(prompt_ids), config)]
         self.user = self._user_part(prompt, prompt_hidden)
         special = torch.tensor([[config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]],
                                dtype=torch.long, device=device)
@@ -469,6 +507,28 @@ class TalkerInput:
         self._rows += list(rows.split(1, dim=0))
         if len(self._rows) > ASSISTANT_PREFIX_ROWS:
             self.trailing.extend(torch.cat(self._rows[max(before, ASSISTANT_PREFIX_ROWS):], dim=0))
+
+    def positions(self, prefill_length: int) -> tuple[torch.Tensor | None, int]:
+        """The talker's rotary positions for a prefill of ``prefill_length`` rows ``[3, 1, L]`` and
+        its decode ``delta``; ``(None, 0)`` (plain positions) for a prompt without images. The
+        reference computes them over the talker's input ids: the user tokens, then ``tts_pad`` for
+        the assistant rows."""
+        if not self.image_grids:
+            return None, 0
+        from .media_positions import rope_positions
+        from .prompt_embeds import talker_media_tokens
+
+        tokens = talker_media_tokens(self.config)
+        ids = self.user_ids + [self.config.tts_pad_token_id] * (prefill_length - len(self.user_ids))
+        audio_counts, run = [], 0
+        for token in ids + [-1]:
+            if token == tokens.audio_token_id:
+                run += 1
+            elif run:
+                audio_counts.append(run)
+                run = 0
+        positions, delta = rope_positions(ids, tokens, self.image_grids, audio_counts)
+        return positions.unsqueeze(1).to(self.device), delta
 
     @property
     def ready(self) -> bool:

@@ -71,6 +71,7 @@ class _State:
     generated: list[torch.Tensor]        # codebook-0 ids so far ([1] each)
     sampling: Sampling
     predictor: Sampling
+    delta: int = 0                       # decode positions: cache length + delta (images move them)
 
 
 class TalkerRunner(ModelRunner):
@@ -113,9 +114,11 @@ class TalkerRunner(ModelRunner):
         sampling = Sampling(p.do_sample, p.temperature, p.top_k, p.top_p, p.repetition_penalty,
                             self.config.suppressed_codec_ids)
         cache = self.talker.new_cache()
-        logits, hidden = self.talker(answer.input.prefill(), cache)
+        prefill = answer.input.prefill()
+        positions, delta = answer.input.positions(prefill.shape[1])
+        logits, hidden = self.talker(prefill, cache, positions)
         seq.state = _State(answer.input, cache, hidden[:, -1:], torch.zeros(1, dtype=torch.long), [], sampling,
-                           CODE_PREDICTOR_SAMPLING if p.do_sample else Sampling())
+                           CODE_PREDICTOR_SAMPLING if p.do_sample else Sampling(), delta)
         return int(self._choose_first(seq, logits))
 
     def extend(self, seq: Sequence, items: list, end: bool) -> None:
@@ -147,7 +150,7 @@ class TalkerRunner(ModelRunner):
             if seq.sample_next:
                 embeds = torch.cat([first_embed] + residual_embeds, dim=1).sum(1, keepdim=True)
                 embeds = embeds + st.text.trailing.row(step)
-                logits, hidden = talker(embeds, st.cache, text_positions(st.cache.length, 1, self.device))
+                logits, hidden = talker(embeds, st.cache, text_positions(st.cache.length + st.delta, 1, self.device))
                 st.hidden = hidden[:, -1:]
                 token = int(self._choose_first(seq, logits))
             outputs.append(StepOutput(seq, frame, token))

@@ -1,8 +1,8 @@
 """Stage 1 of Qwen3-Omni: the talker + code predictor on the continuous-batching AR engine, fed the
 thinker's answer while the thinker writes it.
 
-A stream opens with the thinker's PROMPT_IDS (with PROMPT_HIDDEN for a prompt with media, and
-maybe its first TOKEN_IDS) and the client's
+A stream opens with the thinker's PROMPT_IDS (with PROMPT_HIDDEN and PROMPT_GRIDS for a prompt
+with media, and maybe its first TOKEN_IDS) and the client's
 request (speaker, talker sampling); the rest of the answer comes as ``CONTROL=append`` with
 TOKEN_IDS, the end of the answer with ``end`` (:class:`~.answer_handoff.AnswerHandoff`). The request
 enters the engine once the talker's prefill can be built; from then on the tokens go to the engine
@@ -104,8 +104,10 @@ class TalkerStage(StageModel):
         rid = ctx.stage_request_id
         prompt = inputs["PROMPT_IDS"].reshape(-1).tolist()
         hidden = inputs.get("PROMPT_HIDDEN")
+        grids = inputs.get("PROMPT_GRIDS")
         talker_input = TalkerInput(self.config, self.embedding, self.talker, prompt, request.get("speaker", ""),
-                                   prompt_hidden=None if hidden is None else torch.from_numpy(np.array(hidden)))
+                                   prompt_hidden=None if hidden is None else torch.from_numpy(np.array(hidden)),
+                                   image_grids=[] if grids is None else np.asarray(grids).reshape(-1, 3).tolist())
         feed = self.feeds[rid] = AnswerFeed(ThinkerAnswer(talker_input))   # before any await: appends follow
         ctx.resources.append(ForgetOnRelease(self.feeds, rid))
         feed.push(inputs.get("TOKEN_IDS", np.zeros(0, np.int64)).reshape(-1).tolist(), end=False)

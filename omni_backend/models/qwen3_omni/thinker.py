@@ -4,8 +4,8 @@ text answer.
 ``thinker.model.embed_tokens``, ``thinker.model.layers.{i}`` (attention with q/k norms, then a
 sparse MoE block or, for ``mlp_only_layers`` / ``decoder_sparse_step``, a dense MLP),
 ``thinker.model.norm`` and ``thinker.lm_head``. The encoders are modules of their own
-(:class:`~.audio_tower.AudioTower`); their output replaces the token embeddings at the
-placeholders (:meth:`Thinker.merge_media`), as the reference's ``masked_scatter`` does.
+(:class:`~.audio_tower.AudioTower`, :class:`~.vision_encoder.VisionEncoder`); their output replaces
+the token embeddings at the placeholders (:func:`~.prompt_embeds.prompt_embeds`).
 
 A forward returns what the talker needs besides the logits: the layer-0 input embeddings of the
 tokens it ran (the talker's text channel is ``text_projection`` of them) and, when asked, the
@@ -68,24 +68,19 @@ class Thinker(nn.Module):
         """Token embeddings ``[..., hidden]`` of ``ids``."""
         return self.model.embed_tokens(ids)
 
-    def merge_media(self, ids: torch.Tensor, placeholder_id: int, media: torch.Tensor) -> torch.Tensor:
-        """Token embeddings of ``ids`` ``[1, L]`` with ``media`` ``[n, hidden]`` (an encoder's output,
-        in order) at the ``n`` positions holding ``placeholder_id``."""
-        embeds = self.embed(ids)
-        mask = (ids == placeholder_id).unsqueeze(-1)
-        if int(mask.sum()) != media.shape[0]:
-            raise ValueError(f"{int(mask.sum())} placeholders for {media.shape[0]} media embeddings")
-        return embeds.masked_scatter(mask.to(embeds.device), media.to(embeds.device, embeds.dtype))
-
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
                 accept_layer: int | None = None, logits_rows: int | None = None,
-                inputs_embeds: torch.Tensor | None = None) -> ThinkerOutput:
+                inputs_embeds: torch.Tensor | None = None, deepstack: list[torch.Tensor] | None = None,
+                visual_mask: torch.Tensor | None = None) -> ThinkerOutput:
         """Run ``ids`` ``[1, L]`` after the ``cache``'s positions (text positions unless
         ``position_ids`` ``[3, 1, L]`` are given). The LM head runs over all ``L`` positions, as
         the reference's prefill does, or over the last ``logits_rows`` only (a long prompt's
         ``[L, vocab]`` logits are large; the last row's bits equal the all-rows ones when both
         row counts are common shapes, see :mod:`.prompt`). ``inputs_embeds``: the layer-0 input
-        instead of ``ids``' embeddings (media merged in, :meth:`merge_media`)."""
+        instead of ``ids``' embeddings (media merged in, :func:`~.prompt_embeds.prompt_embeds`). ``deepstack``: the
+        vision encoder's features, added after layer ``i`` to the hidden states at ``visual_mask``
+        ``[1, L]`` (the hidden state a layer hands the talker is taken before that addition, as the
+        reference records it)."""
         embeds = self.embed(ids) if inputs_embeds is None else inputs_embeds
         if position_ids is None:
             start = cache.length if cache is not None else 0
@@ -98,6 +93,9 @@ class Thinker(nn.Module):
             hidden = layer(hidden, cos, sin, cache)
             if accept_layer == index + 1 and index + 1 < len(layers):
                 accept = hidden
+            if deepstack is not None and index < len(deepstack):
+                hidden = hidden.clone()
+                hidden[visual_mask, :] = hidden[visual_mask, :] + deepstack[index].to(hidden.device, hidden.dtype)
         norm = self.model.norm
         hidden = rms_norm(hidden, norm.weight, norm.variance_epsilon)
         if accept_layer == len(layers):

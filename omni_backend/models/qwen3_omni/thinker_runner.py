@@ -33,6 +33,7 @@ from .layers import KVCache, text_positions
 from .prompt import ThinkerPrompt
 from .prompt_embeds import prompt_embeds
 from .thinker import Thinker
+from .vision_encoder import VisionEncoder
 
 __all__ = ["ThinkerRunner", "create_thinker_engine", "PREFILL_LOGITS_ROWS"]
 
@@ -46,14 +47,17 @@ class _State:
     cache: KVCache
     ids: torch.Tensor      # [1, prompt + answer] on the CPU: what the repetition penalty covers
     sampling: Sampling
+    delta: int = 0         # decode positions: cache length + delta (images move them)
 
 
 class ThinkerRunner(ModelRunner):
     def __init__(self, thinker: Thinker, eos_token_ids: frozenset[int], max_num_seqs: int, max_model_len: int,
-                 config: Qwen3OmniConfig | None = None, audio_tower: AudioTower | None = None) -> None:
+                 config: Qwen3OmniConfig | None = None, audio_tower: AudioTower | None = None,
+                 visual: VisionEncoder | None = None) -> None:
         self.thinker = thinker
         self.config = config
         self.audio_tower = audio_tower
+        self.visual = visual
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -66,8 +70,10 @@ class ThinkerRunner(ModelRunner):
             raise ValueError("the prompt must be a non-empty list of token ids")
         if max(ids) >= self.vocab_size or min(ids) < 0:
             raise ValueError("the prompt holds ids outside the vocabulary")
-        if isinstance(prompt, ThinkerPrompt) and prompt.multimodal and (self.audio_tower is None or self.config is None):
+        if isinstance(prompt, ThinkerPrompt) and prompt.audio_features and (self.audio_tower is None or self.config is None):
             raise ValueError("the prompt holds audio but this thinker has no audio tower loaded")
+        if isinstance(prompt, ThinkerPrompt) and prompt.images and (self.visual is None or self.config is None):
+            raise ValueError("the prompt holds images but this thinker has no vision encoder loaded")
 
     def prompt_length(self, prompt: list[int] | ThinkerPrompt) -> int:
         return len(prompt)
@@ -89,10 +95,17 @@ class ThinkerRunner(ModelRunner):
         ids = torch.tensor([prompt.ids], dtype=torch.long)
         seq.state = _State(self.thinker.new_cache(), ids,
                            Sampling(p.do_sample, p.temperature, p.top_k, p.top_p, p.repetition_penalty))
-        embeds = prompt_embeds(self.thinker, self.audio_tower, self.config, prompt) if prompt.multimodal else None
+        media = prompt_embeds(self.thinker, self.audio_tower, self.config, prompt, self.visual) \
+            if prompt.multimodal else None
         layer = prompt.hidden_layer if prompt.multimodal else None
-        out = self.thinker(ids.to(self.device), seq.state.cache, accept_layer=layer,
-                           logits_rows=min(len(prompt), PREFILL_LOGITS_ROWS), inputs_embeds=embeds)
+        rows = min(len(prompt), PREFILL_LOGITS_ROWS)
+        if media is None:
+            out = self.thinker(ids.to(self.device), seq.state.cache, accept_layer=layer, logits_rows=rows)
+        else:
+            seq.state.delta = media.delta
+            out = self.thinker(ids.to(self.device), seq.state.cache, media.positions, accept_layer=layer,
+                               logits_rows=rows, inputs_embeds=media.embeds, deepstack=media.deepstack,
+                               visual_mask=media.visual_mask)
         if layer is not None:
             mask = torch.tensor([t in self.config.multimodal_token_ids for t in prompt.ids], device=self.device)
             prompt.media_hidden = out.accept_hidden[0, mask].to(torch.float32).cpu()
@@ -105,7 +118,7 @@ class ThinkerRunner(ModelRunner):
             last = int(st.ids[0, -1])
             token: Optional[int] = None
             if seq.sample_next:
-                position = text_positions(st.cache.length, 1, self.device)
+                position = text_positions(st.cache.length + st.delta, 1, self.device)
                 out = self.thinker(st.ids[:, -1:].to(self.device), st.cache, position)
                 token = self._choose(seq, out.logits)
             outputs.append(StepOutput(seq, [last], token))
@@ -122,7 +135,7 @@ def create_thinker_engine(checkpoint: Qwen3OmniCheckpoint, max_num_seqs: int = 8
         torch.set_num_threads(int(num_threads))
     eos = eos_token_ids if eos_token_ids is not None else frozenset({checkpoint.config.im_end_token_id})
     runner = ThinkerRunner(checkpoint.thinker, eos, max_num_seqs, max_model_len, checkpoint.config,
-                           checkpoint.audio_tower)
+                           checkpoint.audio_tower, checkpoint.visual)
     params = default_params or SamplingParams(do_sample=False, repetition_penalty=1.0, top_k=0, top_p=1.0,
                                               temperature=1.0, max_new_tokens=1024, min_new_tokens=0)
     return AREngine(runner, max_prefills_per_step=max_prefills_per_step, num_threads=num_threads,

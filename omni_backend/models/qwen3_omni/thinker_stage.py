@@ -3,8 +3,9 @@
 The first response carries the prompt's ids (PROMPT_IDS: the talker builds its input from them)
 and, for a prompt with media whose speech is wanted, the thinker's hidden state
 ``accept_hidden_layer`` at the placeholders (PROMPT_HIDDEN [placeholders, hidden], float32: the
-talker reads it there); it comes once the prefill ran (the audio tower encodes the recordings in
-it). Then each engine frame (one token) gives TOKEN_IDS and the text it completes (TEXT_DELTA; held back
+talker reads it there) with PROMPT_GRIDS (each image's (t, h, w) patch grid: the talker's rotary
+positions follow it); they come once the prefill ran (the audio tower and the vision encoder
+encode the recordings and images in it). Then each engine frame (one token) gives TOKEN_IDS and the text it completes (TEXT_DELTA; held back
 while a character is incomplete). The last response carries FINISH_REASON (``stop`` at
 ``<|im_end|>``, ``length`` at ``max_tokens``); on ``stop`` its TOKEN_IDS end with ``<|im_end|>``:
 the talker reads every answer token but the last, as the reference does.
@@ -46,7 +47,7 @@ class ThinkerStage(StageModel):
         sd = self.stage_deploy
         torch.set_num_threads(sd.threads)
         checkpoint = load_checkpoint(resolve_checkpoint(self.model_path), dtype=sd.dtype, device=sd.device,
-                                     parts=("thinker", "audio_tower"))
+                                     parts=("thinker", "audio_tower", "visual"))
         self.hidden_layer = checkpoint.config.talker.accept_hidden_layer
         self.builder = checkpoint.prompt_builder()
         self.tokenizer = checkpoint.tokenizer
@@ -83,8 +84,10 @@ class ThinkerStage(StageModel):
         async for event in self.engine_events(ctx, stream):
             if first and event.finish_reason != "cancelled":
                 first = False   # the prefill ran: its hidden states are there
+                grids = np.asarray([image.grid for image in prompt.images], dtype=np.int64).reshape(-1, 3)
                 yield [_ids("PROMPT_IDS", prompt.ids),
-                       pb_utils.Tensor("PROMPT_HIDDEN", prompt.media_hidden.numpy().astype(np.float32))]
+                       pb_utils.Tensor("PROMPT_HIDDEN", prompt.media_hidden.numpy().astype(np.float32)),
+                       pb_utils.Tensor("PROMPT_GRIDS", grids)]
             if event.finish_reason == "cancelled":
                 return
             ids = list(event.codes or [])

@@ -1,13 +1,15 @@
-"""Qwen3-Omni hears: audio input parity against the reference (transformers 5's ``qwen3_omni_moe``
-with its Whisper feature extractor, greedy) on three random checkpoint shapes.
+"""Qwen3-Omni hears and sees: audio and image input parity against the reference (transformers
+5's ``qwen3_omni_moe`` with its Whisper feature extractor and its image processor's PIL backend,
+greedy) on three random checkpoint shapes.
 
-Jobs: a recording alone, a 30-s recording with a question, a 44.1-kHz FLAC between two text parts
-with a system prompt, two recordings (MP3 at 44.1 kHz and WAV) in one message, a multi-turn chat
-whose earlier turn held audio, and a text-only answer to audio. For each: our prompt ids (the
-audio placeholders expanded as the processor expands them), the thinker's tokens and the talker's
-codes equal the reference's bit for bit; the waveform is within 1e-4. The features and the audio
-tower equal the reference's modules on their own too, and bad recordings are refused naming the
-part.
+Audio jobs: a recording alone, a 30-s recording with a question, a 44.1-kHz FLAC between two text
+parts with a system prompt, two recordings (MP3 at 44.1 kHz and WAV) in one message, a multi-turn
+chat whose earlier turn held audio, and a text-only answer to audio. Image jobs: a small square PNG
+alone, a large non-square JPEG with a question, audio + an RGBA PNG + text in one message, and a
+multi-turn chat whose earlier turn held an image. For each: our prompt ids (placeholders expanded as
+the processor expands them), the thinker's tokens (3-D rotary positions and deepstack features for
+images) and the talker's codes (its own 3-D positions) equal the reference's bit for bit; the
+waveform is within 1e-4. Bad recordings and images are refused naming the part.
 """
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ from omni_backend.errors import InvalidRequest
 from omni_backend.models.qwen3_omni.checkpoint import load_checkpoint
 from omni_backend.models.qwen3_omni.generate import Sampling, generate
 from omni_backend.models.qwen3_omni.prompt import PromptError
-from tests.qwen3_omni_fixtures import QWEN3_OMNI_AUDIO_JOBS, QWEN3_OMNI_SHAPES, audio_job_messages, recording_part
+from tests.qwen3_omni_fixtures import (QWEN3_OMNI_AUDIO_JOBS, QWEN3_OMNI_IMAGE_JOBS, QWEN3_OMNI_SHAPES,
+                                       audio_job_messages, image_part, recording_part)
 
 SHAPES = tuple(QWEN3_OMNI_SHAPES)
-JOB_IDS = tuple(job["id"] for job in QWEN3_OMNI_AUDIO_JOBS)
-JOBS = {job["id"]: job for job in QWEN3_OMNI_AUDIO_JOBS}
+JOBS = {job["id"]: job for job in QWEN3_OMNI_AUDIO_JOBS + QWEN3_OMNI_IMAGE_JOBS}
+JOB_IDS = tuple(JOBS)
 WAVEFORM_TOLERANCE = 1e-4
 
 
@@ -55,7 +58,7 @@ def test_audio_job_equals_reference(ours, qwen3_omni_audio_reference, shape, job
     ref = qwen3_omni_audio_reference[shape]["jobs"][job_id]
     result = ours[shape, job_id]
     assert result.prompt_ids == ref["input_ids"].tolist()
-    assert result.prompt_ids.count(151675) > 0          # the placeholders were expanded
+    assert result.prompt_ids.count(151675) + result.prompt_ids.count(151655) > 1   # placeholders expanded
     assert result.sequence == ref["sequences"].tolist()
     assert len(result.sequence) - len(result.prompt_ids) >= 4   # a real answer, not eos at once
     if not ref["job"]["return_audio"]:
@@ -66,12 +69,14 @@ def test_audio_job_equals_reference(ours, qwen3_omni_audio_reference, shape, job
     assert float(np.max(np.abs(result.waveform.numpy() - ref["waveform"]))) <= WAVEFORM_TOLERANCE
 
 
-def test_audio_changes_the_answer(ours):
-    """The recording is heard: two jobs that differ only in what they hear answer differently."""
+def test_media_change_the_answer(ours):
+    """What is heard and seen matters: every job's speech differs from every other's."""
     first = ours["tiny", "audio_only_ethan"]
     codes = {job_id: ours["tiny", job_id].codes for job_id in JOB_IDS if ours["tiny", job_id].codes is not None}
     assert len({tuple(c.flatten().tolist()) for c in codes.values()}) == len(codes)
     assert first.prompt_ids.count(151675) == 39      # 3 s: 300 mel frames -> 3 * 13 audio tokens
+    # 640x360 -> 640x352 after the 32-pixel rounding: 40 x 22 patches, 220 tokens
+    assert ours["tiny", "image_question_wide_chelsie"].prompt_ids.count(151655) == 220
 
 
 def test_placeholder_count_follows_the_reference(qwen3_omni_audio_reference):
@@ -94,6 +99,15 @@ def _builder(checkpoints):
     ({"type": "input_audio", "input_audio": {"data": "AAAA", "url": "x"}}, ".input_audio.url", "unknown field"),
     ({"type": "video_url", "video_url": {"url": "x"}}, "", "must be"),
     ({"type": "text", "text": "a <|audio_pad|> b"}, ".text", "placeholder"),
+    ({"type": "text", "text": "a <|image_pad|> b"}, ".text", "placeholder"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}, ".image_url.url",
+     "not an image"),
+    ({"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}, ".image_url.url",
+     "does not fetch"),
+    ({"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGk="}}, ".image_url.url", "data URL of an image"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}, ".image_url.url", "base64"),
+    ({"type": "image_url", "image_url": {"url": "x", "size": 3}}, ".image_url.size", "unknown field"),
+    ({"type": "image_url", "image_url": 7}, ".image_url", "must be an object"),
 ])
 def test_bad_parts_name_the_part(checkpoints, part, field, message):
     with pytest.raises(InvalidRequest) as error:
@@ -119,6 +133,27 @@ def test_too_long_and_too_short_recordings_say_the_limit(checkpoints):
         builder.build_prompt(messages=[{"role": "user", "content": [wav(0.005)]}])
 
 
+def _png(width: int, height: int) -> dict:
+    import io
+
+    from PIL import Image
+
+    handle = io.BytesIO()
+    Image.new("RGB", (width, height), (10, 20, 30)).save(handle, format="PNG")
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(handle.getvalue()).decode()}}
+
+
+def test_huge_and_thin_images_are_refused(checkpoints):
+    builder = _builder(checkpoints)
+    with pytest.raises(InvalidRequest, match="too large .*pixels"):
+        builder.build_prompt(messages=[{"role": "user", "content": [_png(8000, 6000)]}])
+    with pytest.raises(InvalidRequest, match="aspect ratio"):
+        builder.build_prompt(messages=[{"role": "user", "content": [_png(1000, 4)]}])
+    # a small image is scaled up to the processor's minimum area, a large one down to its maximum
+    small = builder.build_prompt(messages=[{"role": "user", "content": [_png(10, 10)]}])
+    assert small.images[0].grid == (1, 4, 4)
+
+
 def test_audio_only_in_user_turns(checkpoints):
     with pytest.raises(PromptError) as error:
         _builder(checkpoints).build_prompt(messages=[
@@ -126,3 +161,8 @@ def test_audio_only_in_user_turns(checkpoints):
             {"role": "assistant", "content": [recording_part("tone_half_s_16k_wav")]},
             {"role": "user", "content": "and?"}])
     assert error.value.field == "messages[1].content[0]"
+    with pytest.raises(PromptError, match="user messages only"):
+        _builder(checkpoints).build_prompt(messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [image_part("square64_png")]},
+            {"role": "user", "content": "and?"}])
