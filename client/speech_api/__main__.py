@@ -51,6 +51,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keep-alive", type=int, default=KEEP_ALIVE_S, metavar="SECONDS",
                     help=f"how long an idle HTTP connection is kept open (default {KEEP_ALIVE_S:g}: longer "
                          "than clients keep theirs, so a client never sends on a connection being closed)")
+    ap.add_argument("--fetch-allow-host", action="append", metavar="HOST", default=[],
+                    help="fetch http(s) image URLs of chat messages from this host (repeatable; *.example.com "
+                         "for its subdomains); default: fetch nothing, images must be data URLs")
+    ap.add_argument("--fetch-allow-private", action="store_true",
+                    help="allow fetching from loopback, private and link-local addresses (off: no SSRF)")
+    ap.add_argument("--fetch-max-bytes", type=int, default=20 * 1024 * 1024, metavar="N",
+                    help="largest image fetched from a URL (default 20 MiB)")
+    ap.add_argument("--fetch-timeout", type=float, default=10.0, metavar="SECONDS",
+                    help="time for a fetch, redirects included (default 10)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = ap.parse_args(argv)
     if args.max_streams_per_pipeline < 0:
@@ -61,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--probe-interval must be > 0")
     if args.resolve_interval <= 0:
         ap.error("--resolve-interval must be > 0")
+    if args.fetch_max_bytes < 1 or args.fetch_timeout <= 0:
+        ap.error("--fetch-max-bytes must be >= 1 and --fetch-timeout > 0")
+    if args.fetch_allow_private and not args.fetch_allow_host:
+        ap.error("--fetch-allow-private needs --fetch-allow-host (fetching is off without allowed hosts)")
     for spec in args.triton_service or []:
         try:
             TritonService.parse(spec)
@@ -93,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from client.speech_api.app import create_app
+    from client.speech_api.media_fetch import FetchPolicy
     from omni_backend.glibc_heaps import bound_malloc_retention
 
     # request handlers and encoder threads: each would keep a glibc heap at its own peak
@@ -106,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                         api_keys=load_api_keys(args.api_key),
                         max_streams_per_pipeline=args.max_streams_per_pipeline,
                         default_pipeline=args.default_pipeline, probe_interval_s=args.probe_interval,
-                        voices_dir=args.voices_dir, stream_limits=limits)
+                        voices_dir=args.voices_dir, stream_limits=limits,
+                        fetch=FetchPolicy(tuple(args.fetch_allow_host), args.fetch_allow_private,
+                                          args.fetch_max_bytes, args.fetch_timeout))
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False, timeout_graceful_shutdown=5, timeout_keep_alive=args.keep_alive)
     return 0

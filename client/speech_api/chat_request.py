@@ -178,7 +178,9 @@ def _integer(body: dict, name: str, lo: int, hi: int) -> int | None:
 
 def _content(value: Any, where: str, media: bool) -> str | list[dict[str, Any]]:
     """A message's content: a string, or a non-empty list of parts: text, and in user messages
-    OpenAI's `input_audio` (base64 audio; the pipeline decodes it and names what it cannot read)."""
+    OpenAI's `input_audio` (base64 audio) and `image_url` (a data URL, or an http(s) URL the
+    server fetches when its operator allowed the host: client/speech_api/media_fetch.py); the
+    pipeline decodes them and names what it cannot read."""
     if isinstance(value, str):
         return _clean(where, value)
     if not isinstance(value, list) or not value:
@@ -192,8 +194,11 @@ def _content(value: Any, where: str, media: bool) -> str | list[dict[str, Any]]:
         if kind == "input_audio" and media:
             parts.append(_input_audio(part, at))
             continue
+        if kind == "image_url" and media:
+            parts.append(_image_url(part, at))
+            continue
         if kind != "text":
-            allowed = "text and input_audio parts" if media else "text parts"
+            allowed = "text, input_audio and image_url parts" if media else "text parts"
             raise invalid_request(f"{at}.type", f"{at}.type: only {allowed} are supported here, got "
                                                 f"{shown(kind)}", code="unsupported_parameter")
         extra = set(part) - {"type", "text"}
@@ -223,6 +228,27 @@ def _input_audio(part: dict, at: str) -> dict[str, Any]:
     if spec.get("format") is not None and not isinstance(spec["format"], str):
         raise invalid_request(f"{at}.input_audio.format", f"{at}.input_audio.format: must be a string")
     return {"type": "input_audio", "input_audio": dict(spec)}
+
+
+def _image_url(part: dict, at: str) -> dict[str, Any]:
+    extra = set(part) - {"type", "image_url"}
+    if extra:
+        raise invalid_request(at, f"{at}: unknown key(s) {', '.join(sorted(map(str, extra)))}")
+    spec = part.get("image_url")
+    if isinstance(spec, str):   # the short form some clients send
+        spec = {"url": spec}
+    if not isinstance(spec, dict):
+        raise invalid_request(f"{at}.image_url", f"{at}.image_url: must be an object {{\"url\": ...}}")
+    for key in spec:
+        if key not in ("url", "detail"):
+            name = f"{at}.image_url.{key}" if isinstance(key, str) and _FIELD_NAME.fullmatch(key) else f"{at}.image_url"
+            raise invalid_request(name, f"{name}: unknown key (image_url takes url and detail)")
+    if not isinstance(spec.get("url"), str) or not spec["url"].strip():
+        raise invalid_request(f"{at}.image_url.url", f"{at}.image_url.url: must be a data URL or an http(s) URL",
+                              code="missing_required_parameter" if spec.get("url") is None else "invalid_value")
+    if spec.get("detail") not in (None, "auto", "low", "high"):
+        raise invalid_request(f"{at}.image_url.detail", f"{at}.image_url.detail: must be auto, low or high")
+    return {"type": "image_url", "image_url": dict(spec)}
 
 
 def _has_media(content: str | list[dict[str, Any]]) -> bool:

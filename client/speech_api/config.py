@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from client.speech_api.media_fetch import FetchPolicy
+
 
 @dataclass
 class StreamLimits:
@@ -27,4 +29,5 @@ class ShimConfig:
     probe_interval_s: float = 1.0
     retry_after_s: float = 1.0
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
+    fetch: FetchPolicy = field(default_factory=FetchPolicy)   # image URLs in chats: off unless hosts are allowed
     voices_dir: str | None = None           # uploaded voices; None: $OMNI_VOICES_DIR or $OMNI_CACHE_DIR/voices, ~/.cache/omni-triton/voices

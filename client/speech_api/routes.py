@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from client.speech_api.catalog import OPENAI_MODEL_ALIASES
 from client.speech_api.chat_completion import ChatCompletion
 from client.speech_api.chat_request import build_chat_params, parse_chat_body, refuse_chat_pipeline
+from client.speech_api.media_fetch import fetch_message_media
 from client.speech_api.encoders import CONTENT_TYPES
 from client.speech_api.encoders.pcm import PCM_RATE
 from client.speech_api.errors import ApiError, invalid_request, model_not_found, no_backend
@@ -227,6 +228,9 @@ async def create_chat_completion(request: Request):
     shim = _shim(request)
     access = request.state.access
     chat = parse_chat_body(await _json_body(request), shim.chat_audio)
+    # http(s) image URLs become data URLs here, where the operator allowed their hosts; else a 400
+    await fetch_message_media([(i, m["content"]) for i, m in enumerate(chat.history)]
+                              + ([(len(chat.history), chat.parts)] if chat.parts else []), shim.config.fetch)
     pipeline = await _resolve(request, chat.model)
     info = shim.catalog.get(pipeline)
     if info is None or not info.chat:

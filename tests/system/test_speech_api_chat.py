@@ -170,6 +170,10 @@ def test_history_and_an_earlier_audio_answer_reach_the_thinker(stack, client):
      "messages[0].content[0].input_audio.data"),
     ({"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}]},
      "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}]}]},
+     "messages[0].content[0].image_url.url"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0].image_url.url"),
     ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
         {"type": "input_audio", "input_audio": {"data": "AAAA"}}]}, *USER]}, "messages[1].content[0].type"),
     ({"max_tokens": 0}, "max_tokens"),
@@ -226,6 +230,84 @@ def test_a_recording_over_the_limit_is_a_400_saying_it(client):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [too_long]}], **GREEDY)
     assert e.value.param == "messages[0].content[0].input_audio.data"
     assert "at most 120 s" in str(e.value)
+
+
+def _png_b64(width: int, height: int) -> str:
+    from PIL import Image
+
+    rng = np.random.default_rng(width * height)
+    handle = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(handle, format="PNG")
+    return base64.b64encode(handle.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def image_site():
+    """A local web server with one image, for the speech API to fetch."""
+    import http.server
+    import threading
+
+    body = base64.b64decode(_png_b64(96, 64))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/photo.png" else 404)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/photo.png", base64.b64encode(body).decode()
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def fetching_client(stack, tmp_path_factory):
+    from client.speech_api.process import ShimProcess
+
+    shim = ShimProcess([stack[0].grpc_url], extra_args=["--fetch-allow-host", "127.0.0.1", "--fetch-allow-private"],
+                       log_path=tmp_path_factory.mktemp("fetching_shim") / "shim.log")
+    shim.start()
+    try:
+        yield openai.OpenAI(base_url=f"{shim.url}/v1", api_key="not-needed", max_retries=0, timeout=120)
+    finally:
+        shim.stop()
+
+
+def test_an_image_question_equals_the_triton_stream(stack, client, fetching_client, image_site):
+    """image_url parts as data URLs reach the vision encoder; an http(s) URL is fetched only by a
+    server whose operator allowed its host, and answers as the same image sent inline."""
+    server, _ = stack
+    url, data = image_site
+    inline = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
+              {"type": "text", "text": "What is in this picture?"}]
+    text, audio, _ = direct(server, "", {**GREEDY_PARAMS, "content": inline})
+    answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": inline}],
+                                            modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"},
+                                            **GREEDY)
+    said = answer.choices[0].message.audio
+    assert said.transcript == text
+    np.testing.assert_allclose(np.frombuffer(base64.b64decode(said.data), "<i2").astype(np.float32) / 32768, audio,
+                               atol=QUANTUM)
+    linked = [{"type": "image_url", "image_url": {"url": url}}, inline[1]]
+    fetched = fetching_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": linked}],
+                                                      **GREEDY)
+    assert fetched.choices[0].message.content == text
+    with pytest.raises(openai.BadRequestError) as e:   # the default server fetches nothing
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": linked}], **GREEDY)
+    assert e.value.param == "messages[0].content[0].image_url.url" and "fetches no URL" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        fetching_client.chat.completions.create(model=MODEL, **GREEDY, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url.replace("photo", "gone")}}]}])
+    assert e.value.param == "messages[0].content[0].image_url.url" and "HTTP 404" in str(e.value)
+    other = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_png_b64(200, 120)}"}}, inline[1]]
+    assert client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": other}],
+                                          **GREEDY).choices[0].message.content != text
 
 
 def test_routes_keep_chat_and_speech_apart(stack, client):

@@ -1,0 +1,144 @@
+"""Image URLs a chat message names, fetched only where the operator allowed it (no SSRF).
+
+By default the speech API fetches nothing: an `image_url` must be a data URL, and an http(s) URL is
+a 400 saying so. With `--fetch-allow-host HOST` (repeatable; `*.example.com` matches subdomains)
+an http(s) image URL on an allowed host is fetched and sent on as a data URL, within limits: the
+host's addresses must be public (loopback, private, link-local, multicast and reserved addresses
+are refused unless `--fetch-allow-private`), the answer must come within `--fetch-timeout` seconds
+in all, be an `image/*` of at most `--fetch-max-bytes`, after at most 3 redirects, each of which
+is checked again. Every refusal is a 400 naming the part (`messages[0].content[1].image_url.url`).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import ipaddress
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from client.speech_api.errors import ApiError, invalid_request
+
+__all__ = ["FetchPolicy", "fetch_message_media"]
+
+MAX_REDIRECTS = 3
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    allowed_hosts: tuple[str, ...] = ()   # empty: fetching is off
+    allow_private: bool = False
+    max_bytes: int = 20 * 1024 * 1024
+    timeout_s: float = 10.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.allowed_hosts)
+
+    def host_allowed(self, host: str) -> bool:
+        host = host.lower().rstrip(".")
+        for pattern in self.allowed_hosts:
+            pattern = pattern.lower().rstrip(".")
+            if host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:])):
+                return True
+        return False
+
+
+class _Refused(Exception):
+    pass
+
+
+def _public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%")[0])
+    return not (ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_multicast or ip.is_reserved
+                or ip.is_unspecified)
+
+
+async def _check_host(url: str, policy: FetchPolicy) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise _Refused("must be a data URL or an http(s) URL")
+    host = parts.hostname or ""
+    if not host:
+        raise _Refused("has no host")
+    if not policy.host_allowed(host):
+        raise _Refused(f"host {host!r} is not one this server fetches from (--fetch-allow-host)")
+    if parts.username or parts.password:
+        raise _Refused("must not carry credentials")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        raise _Refused(f"host {host!r} does not resolve") from None
+    if not policy.allow_private and not all(_public(info[4][0]) for info in infos):
+        raise _Refused(f"host {host!r} resolves to a private or loopback address")
+
+
+async def _fetch(url: str, policy: FetchPolicy) -> tuple[bytes, str]:
+    import httpx
+
+    deadline = time.monotonic() + policy.timeout_s
+    async with httpx.AsyncClient(follow_redirects=False, timeout=policy.timeout_s, trust_env=False) as client:
+        for _ in range(MAX_REDIRECTS + 1):
+            await _check_host(url, policy)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Refused(f"took longer than {policy.timeout_s:g} s")
+            async with client.stream("GET", url, timeout=left) as response:
+                if response.is_redirect:
+                    url = urljoin(url, response.headers.get("location", ""))
+                    continue
+                if response.status_code != 200:
+                    raise _Refused(f"answered HTTP {response.status_code}")
+                kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+                if not kind.startswith("image/"):
+                    raise _Refused(f"is not an image (content-type {kind or 'missing'!r})")
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > policy.max_bytes:
+                    raise _Refused(f"is larger than {policy.max_bytes} bytes")
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > policy.max_bytes:
+                        raise _Refused(f"is larger than {policy.max_bytes} bytes")
+                    if time.monotonic() > deadline:
+                        raise _Refused(f"took longer than {policy.timeout_s:g} s")
+                return bytes(body), kind
+        raise _Refused(f"redirects more than {MAX_REDIRECTS} times")
+
+
+async def _resolve_part(part: dict[str, Any], where: str, policy: FetchPolicy) -> None:
+    import httpx
+
+    spec = part["image_url"]
+    url = spec["url"].strip()
+    if url.startswith("data:"):
+        return
+    field = f"{where}.image_url.url"
+    if not policy.enabled:
+        raise invalid_request(field, f"{field}: this server fetches no URL (send the image as a data URL, "
+                                     "data:image/png;base64,...)")
+    try:
+        body, kind = await asyncio.wait_for(_fetch(url, policy), policy.timeout_s + 1.0)
+    except _Refused as refused:
+        raise invalid_request(field, f"{field}: {refused}") from None
+    except (asyncio.TimeoutError, httpx.TimeoutException):
+        raise invalid_request(field, f"{field}: took longer than {policy.timeout_s:g} s") from None
+    except ApiError:
+        raise
+    except Exception as error:   # connection refused, reset, TLS, a malformed answer
+        raise invalid_request(field, f"{field}: could not be fetched ({type(error).__name__})") from None
+    spec["url"] = f"data:{kind};base64,{base64.b64encode(body).decode()}"
+
+
+async def fetch_message_media(messages: list[tuple[int, Any]], policy: FetchPolicy) -> None:
+    """Replace each http(s) `image_url` of ``messages`` (body index, content) by a data URL of what
+    it names, in place, or raise a 400 naming the part."""
+    for index, content in messages:
+        if isinstance(content, str):
+            continue
+        for j, part in enumerate(content):
+            if part.get("type") == "image_url":
+                await _resolve_part(part, f"messages[{index}].content[{j}]", policy)
