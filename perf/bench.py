@@ -221,7 +221,6 @@ def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params:
 
     import torch
 
-    from omni_backend.chunking import CodecChunkSchedule
     from omni_backend.deploy import load_deploy
     from omni_backend.models.qwen3_tts.code2wav import Code2Wav
     from omni_backend.models.qwen3_tts.runner import create_engine
@@ -239,7 +238,7 @@ def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params:
     builder = engine.runner.checkpoint.prompt_builder()
     sp = sampling_params_from_request(engine.default_params, params)   # the talker stage's mapping
     a = deploy.async_chunk
-    schedule = CodecChunkSchedule(a.initial_chunk_frames, a.chunk_frames, a.left_context_frames)
+    schedule = a.chunk_schedule()
     speaker = params.get("voice") or (builder.speakers[0] if builder.speakers else None)
     prompts = [builder.build(TEXTS[k % len(TEXTS)], speaker=speaker) for k in range(concurrency)]
     engine.generate([("warm", prompts[0], dataclasses.replace(sp, max_new_tokens=3))])
