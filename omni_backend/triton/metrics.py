@@ -20,6 +20,9 @@ TTFA_BUCKETS_MS = [10, 25, 50, 100, 200, 400, 800, 1600, 3200, 6400, 12800]
 _FAMILIES = {
     "omni_ttfa_ms": ("Time from request arrival to the first audio chunk (ms)", "HISTOGRAM"),
     "omni_audio_seconds_total": ("Seconds of audio streamed to clients", "COUNTER"),
+    "omni_audio_underrun_seconds_total": ("Seconds a player starting at a stream's first audio waited for "
+                                          "the next chunk", "COUNTER"),
+    "omni_streams_with_gap_total": ("Streams in which a player waited 100 ms or more for a chunk", "COUNTER"),
     "omni_active_streams": ("Streams in flight in the entry model", "GAUGE"),
     "omni_requests_total": ("Requests finished, by outcome", "COUNTER"),
     "omni_errors_total": ("Requests that ended in an error, by error code", "COUNTER"),
@@ -57,6 +60,8 @@ class PipelineMetrics:
         self.pipeline = pipeline
         self.ttfa_ms = metric("omni_ttfa_ms", labels=labels, buckets=TTFA_BUCKETS_MS)
         self.audio_seconds = metric("omni_audio_seconds_total", labels=labels)
+        self.underrun_seconds = metric("omni_audio_underrun_seconds_total", labels=labels)
+        self.streams_with_gap = metric("omni_streams_with_gap_total", labels=labels)
         self.active = metric("omni_active_streams", labels=labels)
         self._outcomes: dict[str, "pb_utils.Metric"] = {}
         self._errors: dict[str, "pb_utils.Metric"] = {}
