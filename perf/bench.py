@@ -2,7 +2,7 @@
 
     .venv/bin/python perf/bench.py --pipeline hibari --concurrency 1,4,8
     .venv/bin/python perf/bench.py --pipeline qwen3_tts --size small --concurrency 1,4,8
-    .venv/bin/python perf/bench.py --pipeline qwen3_tts_tiny_random --concurrency 1,4,8 --rate 1,2,4
+    .venv/bin/python perf/bench.py --pipeline qwen3_tts_tiny_random --concurrency 1,4,8 --rate 1,2,4 --breakdown
     .venv/bin/python perf/bench.py --pipeline qwen3_tts --model /path/to/checkpoint --concurrency 1,4,8,16
     .venv/bin/python perf/bench.py --pipeline orpheus_tiny_random --engine vllm,torch --concurrency 1,4,8,16
     .venv/bin/python perf/bench.py --pipeline qwen3_omni_tiny_random --concurrency 1,4,8 --reference
@@ -14,7 +14,11 @@ load does. The table gives, with vLLM-Omni's names, `audio_ttfp` (time to the fi
 p50 / p95), `audio_rtf` (a request's wall time over its audio's duration, p50), audio seconds per
 wall second, what a listener hears (a player that starts at the first audio,
 omni_backend/playback.py): underrun (its total wait, p50 and max over requests) and the
-continuity rate (streams whose worst gap is under 100 ms), and errors. For Qwen3-TTS the same requests also run in-process
+continuity rate (streams whose worst gap is under 100 ms), and errors. For Qwen3-TTS each
+level also gives served minus in-process TTFA, and `--breakdown` times first audio part by part
+at c = 1 (perf/ttfa_breakdown.py: the engine and the decoder in-process, each stage alone through
+Triton, the pipeline), which says how much of the difference is each stage's hop and how much the
+entry's. For Qwen3-TTS the same requests also run in-process
 (engine + code2wav in this process, same chunk schedule) and, with --reference, through the
 reference `generate()` (qwen-tts in .venv-oracle), so the ratios come from one run on one machine.
 For Orpheus each engine in `--engine` is served in turn (the deploy's stage 0 switched to it) and
@@ -191,10 +195,11 @@ def listener_cells(r: dict) -> list[str]:
 
 
 def serve_levels(repo: Path, pipeline: str, levels: list[int], requests: int, params: dict, log: Path,
-                 label: str, rates: tuple[list[float], int] = ([], 0)) -> tuple[float, float, str, list[dict]]:
+                 label: str, rates: tuple[list[float], int] = ([], 0),
+                 then=None) -> tuple[float, float, str, list[dict]]:
     """Start a server on `repo`, warm it up, run every level (then every Poisson rate of
-    `rates`: (rates, requests per rate)); (start-up s, resident MiB of the server and its stubs
-    (and their children), Triton version, rows)."""
+    `rates`: (rates, requests per rate), then `then(grpc url)` if given); (start-up s, resident
+    MiB of the server and its stubs (and their children), Triton version, rows)."""
     t0 = time.perf_counter()
     server = TritonProcess(repo, log_path=log)
     rows = []
@@ -209,6 +214,8 @@ def serve_levels(repo: Path, pipeline: str, levels: list[int], requests: int, pa
         for rate in rates[0]:
             print(f"[bench] {label} {rate:g} requests/s", flush=True)
             rows.append(run_rate(server.grpc_url, pipeline, rate, rates[1], params))
+        if then is not None:
+            then(server.grpc_url)
         rss = rss_mib(server.server_pid)   # tritonserver and its stubs, not the supervisor
     finally:
         server.stop()
@@ -307,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=3, help="requests per client per level")
     ap.add_argument("--frames", type=int, default=50, help="frames per Qwen3-TTS request (at most: random weights seldom emit eos)")
     ap.add_argument("--reference", action="store_true", help="also time the reference generate() (slow)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="qwen3_tts: where served first audio goes beyond in-process, at c = 1 (perf/ttfa_breakdown.py)")
     ap.add_argument("--engine", default="vllm,torch", help="orpheus: engines of the LM stage, served in turn")
     ap.add_argument("--tokens", type=int, default=280, help="LM tokens per Orpheus request (random weights never "
                                                             "stop); Qwen3-Omni: the thinker's answer limit")
@@ -353,9 +362,19 @@ def main(argv: list[str] | None = None) -> int:
     # a SIGTERM (a timeout around this script) unwinds through the finally below: the server
     # runs in its own session and would otherwise outlive us
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    parts: dict = {}
+
+    def breakdown(url: str) -> None:
+        from perf.ttfa_breakdown import ttfa_breakdown
+
+        print("[bench] first-audio breakdown at c = 1", flush=True)
+        parts.update(ttfa_breakdown(url, args.pipeline, model, deploy_path, TEXTS[0], params))
+
     startup, rss, triton_version, rows = serve_levels(repo, args.pipeline, levels, args.requests, params,
                                                       work / "tritonserver.log", "served",
-                                                      (rates, args.rate_requests))
+                                                      (rates, args.rate_requests),
+                                                      breakdown if args.breakdown and pipeline.family == "qwen3_tts"
+                                                      else None)
     rate_rows = [r for r in rows if "rate" in r]
     rows = [r for r in rows if "concurrency" in r]
 
@@ -376,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     cols = ["c", "requests", "errors"] + LISTENER_COLUMNS
     if inproc:
-        cols += ["in-proc TTFA p50 ms", "in-proc audio s/s", "served/in-proc RTF"]
+        cols += ["in-proc TTFA p50 ms", "served - in-proc TTFA p50 ms", "in-proc audio s/s", "served/in-proc RTF"]
     if ref:
         cols += ["reference audio s/s", "served/reference audio s/s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -385,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = [c, r["requests"], r["errors"], *listener_cells(r)]
         if inproc:
             ip = inproc[c]
-            cells += [f"{ip['ttfa_ms']:.0f}", f"{ip['audio_s_per_s']:.2f}",
+            cells += [f"{ip['ttfa_ms']:.0f}", f"{r['ttfa_p50_ms'] - ip['ttfa_ms']:.0f}", f"{ip['audio_s_per_s']:.2f}",
                       f"{r['rtf_p50'] / ip['rtf']:.2f}"]
         if ref:
             cells += [f"{ref[c]:.2f}" if c in ref else "", f"{r['audio_s_per_s'] / ref[c]:.2f}" if c in ref else ""]
@@ -397,6 +416,11 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["| " + " | ".join(str(x) for x in [f"{r['rate']:g}", r["requests"], r["errors"], *listener_cells(r)])
                   + " |" for r in rate_rows]
         table += "\n" + "\n".join(lines) + "\n"
+    if parts:
+        from perf.ttfa_breakdown import breakdown_table
+
+        table += ("\nFirst audio at c = 1, part by part (perf/ttfa_breakdown.py; 10 requests each, "
+                  "p50):\n\n" + breakdown_table(parts) + "\n")
     if any(r["first_error"] for r in rows + rate_rows):
         table += "\nFirst error: " + next(r["first_error"] for r in rows + rate_rows if r["first_error"]) + "\n"
     print("\n" + table)
