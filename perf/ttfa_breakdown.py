@@ -82,52 +82,53 @@ def _codec_call_s(url: str, model: str, window: np.ndarray) -> float:
         client.close()
 
 
-def _in_process(model_dir: str, deploy_path: str, request: dict[str, Any], frames: int,
-                rounds: int) -> tuple[list[float], list[float]]:
-    """Seconds of the engine to its first `frames` frames, and of the decoder on that window."""
-    import dataclasses
+class _InProcess:
+    """The engine and the decoder of the served deploy, in this process."""
 
-    import torch
+    def __init__(self, model_dir: str, deploy_path: str, request: dict[str, Any]):
+        import dataclasses
 
-    from omni_backend.deploy import load_deploy
-    from omni_backend.models.qwen3_tts.code2wav import Code2Wav
-    from omni_backend.models.qwen3_tts.runner import create_engine
-    from omni_backend.models.qwen3_tts.sampling_params import sampling_params_from_request
+        import torch
 
-    deploy = load_deploy(deploy_path)
-    s0, s1 = deploy.stage(0), deploy.stage(1)
-    torch.set_num_threads(s0.threads)
-    engine = create_engine(model_dir, max_num_seqs=s0.max_num_seqs, max_model_len=s0.max_model_len,
-                           dtype=s0.dtype, device=s0.device, cuda_graph_sizes=s0.cuda_graph_sizes,
-                           enforce_eager=s0.enforce_eager, batch_invariant=s0.batch_invariant,
-                           max_prefills_per_step=s0.max_prefills_per_step)
-    decoder = Code2Wav.from_checkpoint(f"{model_dir}/speech_tokenizer", device=s1.device)
-    decoder.batch_invariant = s1.batch_invariant
-    builder = engine.runner.checkpoint.prompt_builder()
-    defaults = dataclasses.replace(engine.default_params, **s0.default_sampling_params)
-    params = sampling_params_from_request(defaults, request)
-    prompt = builder.build(request["text"], speaker=request.get("voice"), language=request.get("language"),
-                           instruct=request.get("instructions"), non_streaming_mode=request.get("non_streaming_mode"))
-    engine_s, decode_s = [], []
-    for k in range(rounds + 1):   # the first round warms up
-        rid = f"breakdown-{k}"
+        from omni_backend.deploy import load_deploy
+        from omni_backend.models.qwen3_tts.code2wav import Code2Wav
+        from omni_backend.models.qwen3_tts.runner import create_engine
+        from omni_backend.models.qwen3_tts.sampling_params import sampling_params_from_request
+
+        deploy = load_deploy(deploy_path)
+        s0, s1 = deploy.stage(0), deploy.stage(1)
+        self.engine = create_engine(model_dir, max_num_seqs=s0.max_num_seqs, max_model_len=s0.max_model_len,
+                                    num_threads=s0.threads, dtype=s0.dtype, device=s0.device,
+                                    cuda_graph_sizes=s0.cuda_graph_sizes, enforce_eager=s0.enforce_eager,
+                                    batch_invariant=s0.batch_invariant,
+                                    max_prefills_per_step=s0.max_prefills_per_step)
+        self.decoder = Code2Wav.from_checkpoint(f"{model_dir}/speech_tokenizer", device=s1.device)
+        self.decoder.batch_invariant = s1.batch_invariant
+        defaults = dataclasses.replace(self.engine.default_params, **s0.default_sampling_params)
+        self.params = sampling_params_from_request(defaults, request)
+        self.prompt = self.engine.runner.checkpoint.prompt_builder().build(
+            request["text"], speaker=request.get("voice"), language=request.get("language"),
+            instruct=request.get("instructions"), non_streaming_mode=request.get("non_streaming_mode"))
+        self.torch = torch
+        self.rounds = 0
+
+    def first_audio_s(self, frames: int) -> tuple[float, float]:
+        """Seconds of the engine to its first `frames` frames, and of the decoder on that window."""
+        self.rounds += 1
+        rid = f"breakdown-{self.rounds}"
         t0 = time.perf_counter()
-        engine.add_request(rid, prompt, params)
+        self.engine.add_request(rid, self.prompt, self.params)
         got: list = []
-        while len(got) < frames and engine.has_unfinished():
-            got += [ev.codes for ev in engine.step() if ev.request_id == rid and ev.codes is not None]
+        while len(got) < frames and self.engine.has_unfinished():
+            got += [ev.codes for ev in self.engine.step() if ev.request_id == rid and ev.codes is not None]
         t1 = time.perf_counter()
-        engine.cancel(rid)
-        while engine.has_unfinished():
-            engine.step()
-        window = torch.tensor(got[:frames]).T[None]
+        self.engine.cancel(rid)
+        while self.engine.has_unfinished():
+            self.engine.step()
+        window = self.torch.tensor(got[:frames]).T[None]
         t2 = time.perf_counter()
-        decoder.decode_window(window, 0)
-        t3 = time.perf_counter()
-        if k:
-            engine_s.append(t1 - t0)
-            decode_s.append(t3 - t2)
-    return engine_s, decode_s
+        self.decoder.decode_window(window, 0)
+        return t1 - t0, time.perf_counter() - t2
 
 
 def ttfa_breakdown(url: str, pipeline: str, model_dir: str, deploy_path: str, text: str,
@@ -139,16 +140,21 @@ def ttfa_breakdown(url: str, pipeline: str, model_dir: str, deploy_path: str, te
 
     frames = load_deploy(deploy_path).async_chunk.initial_chunk_frames
     request = Qwen3TTSAdapter.from_model(model_dir).validate(text, dict(params))
-    talker, codec, served = [], [], []
-    for k in range(rounds + 1):   # the first round warms up
+    local = _InProcess(model_dir, deploy_path, request)
+    talker, codec, served, engine_s, decode_s = [], [], [], [], []
+    # each round times every part, one after the other, so that a host busy for a while
+    # (2 shared cores) weighs on all of them alike; the first round warms up
+    for k in range(rounds + 1):
         t, window = _talker_first_chunk_s(url, f"{pipeline}__talker", request, frames)
         c = _codec_call_s(url, f"{pipeline}__code2wav", window)
         s = synthesize(url, pipeline, text, params).ttfa_s
+        e, d = local.first_audio_s(frames)
         if k:
             talker.append(t)
             codec.append(c)
             served.append(s)
-    engine_s, decode_s = _in_process(model_dir, deploy_path, request, frames, rounds)
+            engine_s.append(e)
+            decode_s.append(d)
 
     def ms(values: list[float]) -> float:
         return statistics.median(values) * 1000.0
