@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 import numpy as np
 
 from omni_backend.errors import error_code, with_code
+from omni_backend.playback import Playback, playback_of
 from omni_backend.grpc_streams import end_stream
 
 # Triton's own checks of a request's tensors, made before the entry model sees it (wrong dtype,
@@ -83,6 +84,8 @@ class StreamResult:
     sample_rate: int = 0
     ttfa_s: float = float("nan")
     total_s: float = 0.0
+    # When each chunk arrived, seconds after the request was sent (what a player would hear).
+    arrivals_s: list[float] = field(default_factory=list)
     # The pipeline's outputs besides audio (a text answer's deltas), by name, in arrival order.
     outputs: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
@@ -97,6 +100,12 @@ class StreamResult:
     @property
     def rtf(self) -> float:
         return self.total_s / self.audio_s if self.audio_s else float("inf")
+
+    @property
+    def playback(self) -> Playback:
+        """A player that starts at the first audio: its gaps and underrun (omni_backend/playback.py)."""
+        rate = self.sample_rate or 1
+        return playback_of((at, len(c) / rate) for at, c in zip(self.arrivals_s, self.chunks))
 
 
 def _inputs(module, text: str, params: dict[str, Any] | None) -> list:
@@ -279,8 +288,10 @@ def synthesize(url: str, model: str, text: str, params: dict[str, Any] | None = 
             res.outputs.setdefault(name, []).append(value)
         if part.audio is None:
             continue
+        now = time.perf_counter() - t0
         if not res.chunks:
-            res.ttfa_s = time.perf_counter() - t0
+            res.ttfa_s = now
+        res.arrivals_s.append(now)
         res.chunks.append(part.audio)
         res.sample_rate = part.sample_rate
     res.total_s = time.perf_counter() - t0

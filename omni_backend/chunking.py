@@ -8,7 +8,9 @@ model runs :meth:`CodecChunkSchedule.next_window` against live frames; in-proces
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 __all__ = ["CodecChunkSchedule", "CodecWindow", "plan_stream_windows"]
 
@@ -44,11 +46,26 @@ class CodecChunkSchedule:
     of context before its new frames. Windows have fixed sizes (the steady state is
     ``left_context_frames + chunk_frames``, 97 by default) so that concurrent streams produce
     equal-length windows, which batch without padding.
+
+    ``continuity_rtf``: a listener must not wait twice. With fixed chunks the second one (25
+    frames, 2 s of audio) must be made while the first (2 frames, 160 ms) plays, which a loaded
+    engine cannot do. With ``continuity_rtf`` r (0 < r <= 1) the chunks after the first grow with
+    the audio already cut, ``e`` frames: the next one has ``initial_chunk_frames + e * (1/r - 1)``
+    frames (rounded down), so an engine at a real-time factor up to r makes it while the
+    audio before it plays (the frames of one chunk are made in ``(e + chunk) * step``; the
+    player, which started after the first chunk's ``initial_chunk_frames * step``, runs out at
+    ``e`` frames of audio later), until chunks reach ``chunk_frames``. A grown chunk never
+    crosses a cut of the fixed schedule (``initial_chunk_frames + k * chunk_frames``; a remainder
+    shorter than the first chunk joins the chunk before it), so once chunks reach
+    ``chunk_frames`` the windows, and their audio, are the fixed schedule's. Cut points are a
+    function of the frame count only: a request's audio does not depend on timing or load.
+    0 keeps fixed chunks.
     """
 
     initial_chunk_frames: int = 2
     chunk_frames: int = 25
     left_context_frames: int = 72
+    continuity_rtf: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("initial_chunk_frames", "chunk_frames"):
@@ -57,6 +74,9 @@ class CodecChunkSchedule:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.left_context_frames, int) or self.left_context_frames < 0:
             raise ValueError(f"left_context_frames must be an integer >= 0, got {self.left_context_frames!r}")
+        r = self.continuity_rtf
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
+            raise ValueError(f"continuity_rtf must be a number in [0, 1], got {r!r}")
 
     def next_window(self, emitted_frames: int, available_frames: int, finished: bool) -> CodecWindow | None:
         """The next window to decode once ``available_frames`` frames exist and the audio of the
@@ -64,7 +84,7 @@ class CodecChunkSchedule:
         (unless ``finished``: then the remainder is flushed) or when nothing is left."""
         if not 0 <= emitted_frames <= available_frames:
             raise ValueError(f"need 0 <= emitted_frames ({emitted_frames}) <= available_frames ({available_frames})")
-        chunk = self.initial_chunk_frames if emitted_frames == 0 else self.chunk_frames
+        chunk = self.chunk_size(emitted_frames)
         pending = available_frames - emitted_frames
         if pending >= chunk:
             new = chunk
@@ -74,6 +94,26 @@ class CodecChunkSchedule:
             return None
         context = min(self.left_context_frames, emitted_frames)
         return CodecWindow(emitted_frames - context, context, emitted_frames + new)
+
+    def chunk_size(self, emitted_frames: int) -> int:
+        """New frames of the window that starts at ``emitted_frames`` (a stream's end may cut it
+        shorter)."""
+        first, chunk = self.initial_chunk_frames, self.chunk_frames
+        if emitted_frames == 0:
+            return first
+        if not self.continuity_rtf:
+            return chunk
+        # e * (1/r - 1) exactly: 0.75 is 3/4, so 3 frames grow the next chunk by exactly 1
+        growth = 1 / Fraction(self.continuity_rtf).limit_denominator(1000) - 1
+        size = first + math.floor(emitted_frames * growth)
+        past = (emitted_frames - first) % chunk   # frames since the fixed schedule's last cut
+        if past == 0 and size >= chunk:
+            return chunk                          # on the fixed schedule from here on
+        cut = emitted_frames - past + chunk       # its next cut
+        end = min(emitted_frames + size, cut)
+        if cut - end < first:                     # no chunk shorter than the first
+            end = cut
+        return end - emitted_frames
 
     def full_window_shapes(self) -> list[tuple[int, int]]:
         """``(frames, left_context_frames)`` of every full window a stream makes, first to steady
@@ -98,6 +138,7 @@ class CodecChunkSchedule:
 
 
 def plan_stream_windows(total_frames: int, initial_chunk_frames: int = 2, chunk_frames: int = 25,
-                        left_context_frames: int = 72) -> list[CodecWindow]:
+                        left_context_frames: int = 72, continuity_rtf: float = 0.0) -> list[CodecWindow]:
     """Windows of a stream of ``total_frames`` frames; see :class:`CodecChunkSchedule`."""
-    return CodecChunkSchedule(initial_chunk_frames, chunk_frames, left_context_frames).plan(total_frames)
+    return CodecChunkSchedule(initial_chunk_frames, chunk_frames, left_context_frames,
+                              continuity_rtf).plan(total_frames)

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from omni_backend.chunking import CodecChunkSchedule
 from omni_backend.errors import InvalidRequest
 from omni_backend.pipeline import PipelineConfig
 
@@ -47,6 +48,18 @@ class AsyncChunk:
     initial_chunk_frames: int = 2
     chunk_frames: int = 25
     left_context_frames: int = 72
+    # chunks after the first grow so that each is made while the audio before it plays, for an
+    # engine up to this real-time factor; 0: fixed chunks (omni_backend/chunking.py)
+    continuity_rtf: float = 0.75
+
+    def chunk_schedule(self, initial_chunk_frames: int | None = None, chunk_frames: int | None = None,
+                       left_context_frames: int | None = None) -> CodecChunkSchedule:
+        """This schedule, with a request's own values where it gives them."""
+        return CodecChunkSchedule(
+            self.initial_chunk_frames if initial_chunk_frames is None else initial_chunk_frames,
+            self.chunk_frames if chunk_frames is None else chunk_frames,
+            self.left_context_frames if left_context_frames is None else left_context_frames,
+            self.continuity_rtf)
 
 
 @dataclass
@@ -254,6 +267,11 @@ def parse_deploy(raw: Any, source: str = "<dict>") -> DeployConfig:
         for k, v in a.items():
             if k == "enabled":
                 cfg.async_chunk.enabled = _bool(source, "async_chunk.enabled", v)
+            elif k == "continuity_rtf":
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                    raise _fail(source, "async_chunk.continuity_rtf", f"must be a number in [0, 1] (0: fixed "
+                                                                      f"chunks), got {v!r}")
+                cfg.async_chunk.continuity_rtf = float(v)
             else:
                 setattr(cfg.async_chunk, k, _int(source, f"async_chunk.{k}", v,
                                                  0 if k == "left_context_frames" else 1))

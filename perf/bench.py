@@ -2,13 +2,23 @@
 
     .venv/bin/python perf/bench.py --pipeline hibari --concurrency 1,4,8
     .venv/bin/python perf/bench.py --pipeline qwen3_tts --size small --concurrency 1,4,8
+    .venv/bin/python perf/bench.py --pipeline qwen3_tts_tiny_random --concurrency 1,4,8 --rate 1,2,4 --breakdown
     .venv/bin/python perf/bench.py --pipeline qwen3_tts --model /path/to/checkpoint --concurrency 1,4,8,16
     .venv/bin/python perf/bench.py --pipeline orpheus_tiny_random --engine vllm,torch --concurrency 1,4,8,16
     .venv/bin/python perf/bench.py --pipeline qwen3_omni_tiny_random --concurrency 1,4,8 --reference
 
 For each concurrency c, c clients stream requests back to back over gRPC (tritonclient) from a
-fixed set of texts and the table gives time to first audio (p50 / p95), real-time factor (p50),
-audio seconds per wall second and errors. For Qwen3-TTS the same requests also run in-process
+fixed set of texts; with `--rate R1,R2`, requests instead arrive as a Poisson process of R
+requests per second (`--rate-requests` of them per rate, each on its own stream), as an open-loop
+load does. The table gives, with vLLM-Omni's names, `audio_ttfp` (time to the first audio packet,
+p50 / p95), `audio_rtf` (a request's wall time over its audio's duration, p50), audio seconds per
+wall second, what a listener hears (a player that starts at the first audio,
+omni_backend/playback.py): underrun (its total wait, p50 and max over requests) and the
+continuity rate (streams whose worst gap is under 100 ms), and errors. For Qwen3-TTS each
+level also gives served minus in-process TTFA, and `--breakdown` times first audio part by part
+at c = 1 (perf/ttfa_breakdown.py: the engine and the decoder in-process, each stage alone through
+Triton, the pipeline), which says how much of the difference is each stage's hop and how much the
+entry's. For Qwen3-TTS the same requests also run in-process
 (engine + code2wav in this process, same chunk schedule) and, with --reference, through the
 reference `generate()` (qwen-tts in .venv-oracle), so the ratios come from one run on one machine.
 For Orpheus each engine in `--engine` is served in turn (the deploy's stage 0 switched to it) and
@@ -26,6 +36,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import signal
 import statistics
 import subprocess
@@ -110,23 +121,85 @@ def run_clients(concurrency: int, requests: int, one) -> tuple[list, list[str], 
     return results, errors, time.perf_counter() - started
 
 
-def run_level(url: str, model: str, concurrency: int, requests: int, params: dict) -> dict:
-    """`concurrency` clients, each streaming `requests` requests back to back."""
-    results, errors, wall = run_clients(concurrency, requests, lambda k, i: synthesize(
-        url, model, TEXTS[(k + i) % len(TEXTS)], {**params, **({"seed": k * 1000 + i} if "seed" in params else {})}))
+def run_arrivals(rate: float, requests: int, one, seed: int = 0) -> tuple[list, list[str], float]:
+    """`requests` calls of `one(0, i)`, each on its own thread, started as a Poisson process of
+    `rate` per second (exponential gaps, seeded): (results, error messages, wall seconds)."""
+    results, errors = [], []
+    lock = threading.Lock()
+    gaps = random.Random(seed)
+
+    def call(i: int) -> None:
+        try:
+            r = one(0, i)
+            with lock:
+                results.append(r)
+        except (TritonStreamError, OSError) as e:
+            with lock:
+                errors.append(str(e))
+
+    started = time.perf_counter()
+    due = started
+    threads = []
+    for i in range(requests):
+        time.sleep(max(0.0, due - time.perf_counter()))
+        threads.append(threading.Thread(target=call, args=(i,)))
+        threads[-1].start()
+        due += gaps.expovariate(rate)
+    for t in threads:
+        t.join()
+    return results, errors, time.perf_counter() - started
+
+
+def level_row(results: list, errors: list[str], wall: float) -> dict:
+    """A level's figures from its requests' results (client.triton_stream.StreamResult)."""
     audio = sum(r.audio_s for r in results)
-    return {"concurrency": concurrency, "requests": len(results), "errors": len(errors),
+    plays = [r.playback for r in results]
+    return {"requests": len(results), "errors": len(errors),
             "ttfa_p50_ms": percentile([r.ttfa_s * 1000 for r in results], 50),
             "ttfa_p95_ms": percentile([r.ttfa_s * 1000 for r in results], 95),
             "rtf_p50": percentile([r.rtf for r in results], 50),
+            "underrun_p50_s": percentile([p.underrun_s for p in plays], 50),
+            "underrun_max_s": max((p.underrun_s for p in plays), default=float("nan")),
+            "worst_gap_max_s": max((p.worst_gap_s for p in plays), default=float("nan")),
+            "continuity": sum(p.continuous for p in plays) / len(plays) if plays else float("nan"),
             "audio_s_per_s": audio / wall, "audio_s": audio, "wall_s": wall,
             "first_error": errors[0] if errors else ""}
 
 
+def request_maker(url: str, model: str, params: dict):
+    """`one(client, i)`: the i-th request of a client, from the fixed texts (seeded when sampling)."""
+    return lambda k, i: synthesize(url, model, TEXTS[(k + i) % len(TEXTS)],
+                                   {**params, **({"seed": k * 1000 + i} if "seed" in params else {})})
+
+
+def run_level(url: str, model: str, concurrency: int, requests: int, params: dict) -> dict:
+    """`concurrency` clients, each streaming `requests` requests back to back."""
+    results, errors, wall = run_clients(concurrency, requests, request_maker(url, model, params))
+    return {"concurrency": concurrency, **level_row(results, errors, wall)}
+
+
+def run_rate(url: str, model: str, rate: float, requests: int, params: dict) -> dict:
+    """`requests` requests arriving as a Poisson process of `rate` per second."""
+    results, errors, wall = run_arrivals(rate, requests, request_maker(url, model, params))
+    return {"rate": rate, **level_row(results, errors, wall)}
+
+
+LISTENER_COLUMNS = ["audio_ttfp p50 ms", "audio_ttfp p95 ms", "audio_rtf p50", "audio s/s",
+                    "underrun p50 s", "underrun max s", "worst gap ms", "continuity"]
+
+
+def listener_cells(r: dict) -> list[str]:
+    return [f"{r['ttfa_p50_ms']:.0f}", f"{r['ttfa_p95_ms']:.0f}", f"{r['rtf_p50']:.3f}",
+            f"{r['audio_s_per_s']:.2f}", f"{r['underrun_p50_s']:.3f}", f"{r['underrun_max_s']:.3f}",
+            f"{r['worst_gap_max_s'] * 1000:.0f}", f"{r['continuity'] * 100:.0f} %"]
+
+
 def serve_levels(repo: Path, pipeline: str, levels: list[int], requests: int, params: dict, log: Path,
-                 label: str) -> tuple[float, float, str, list[dict]]:
-    """Start a server on `repo`, warm it up, run every level; (start-up s, resident MiB of the
-    server and its stubs (and their children), Triton version, rows)."""
+                 label: str, rates: tuple[list[float], int] = ([], 0),
+                 then=None) -> tuple[float, float, str, list[dict]]:
+    """Start a server on `repo`, warm it up, run every level (then every Poisson rate of
+    `rates`: (rates, requests per rate), then `then(grpc url)` if given); (start-up s, resident
+    MiB of the server and its stubs (and their children), Triton version, rows)."""
     t0 = time.perf_counter()
     server = TritonProcess(repo, log_path=log)
     rows = []
@@ -138,6 +211,11 @@ def serve_levels(repo: Path, pipeline: str, levels: list[int], requests: int, pa
         for c in levels:
             print(f"[bench] {label} c={c}", flush=True)
             rows.append(run_level(server.grpc_url, pipeline, c, requests, params))
+        for rate in rates[0]:
+            print(f"[bench] {label} {rate:g} requests/s", flush=True)
+            rows.append(run_rate(server.grpc_url, pipeline, rate, rates[1], params))
+        if then is not None:
+            then(server.grpc_url)
         rss = rss_mib(server.server_pid)   # tritonserver and its stubs, not the supervisor
     finally:
         server.stop()
@@ -150,7 +228,6 @@ def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params:
 
     import torch
 
-    from omni_backend.chunking import CodecChunkSchedule
     from omni_backend.deploy import load_deploy
     from omni_backend.models.qwen3_tts.code2wav import Code2Wav
     from omni_backend.models.qwen3_tts.runner import create_engine
@@ -168,7 +245,7 @@ def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params:
     builder = engine.runner.checkpoint.prompt_builder()
     sp = sampling_params_from_request(engine.default_params, params)   # the talker stage's mapping
     a = deploy.async_chunk
-    schedule = CodecChunkSchedule(a.initial_chunk_frames, a.chunk_frames, a.left_context_frames)
+    schedule = a.chunk_schedule()
     speaker = params.get("voice") or (builder.speakers[0] if builder.speakers else None)
     prompts = [builder.build(TEXTS[k % len(TEXTS)], speaker=speaker) for k in range(concurrency)]
     engine.generate([("warm", prompts[0], dataclasses.replace(sp, max_new_tokens=3))])
@@ -231,17 +308,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="checkpoint folder (qwen3_tts)")
     ap.add_argument("--size", help="write a random Qwen3-TTS checkpoint of this size (tiny, small, 0.6b, 1.7b)")
     ap.add_argument("--deploy", help="deploy YAML (default: the pipeline's)")
-    ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--concurrency", default="1,4,8", help="closed-loop levels ('' for none)")
+    ap.add_argument("--rate", default="", help="open-loop levels: Poisson arrivals, requests per second (1,2,4)")
+    ap.add_argument("--rate-requests", type=int, default=16, help="requests per rate")
     ap.add_argument("--requests", type=int, default=3, help="requests per client per level")
     ap.add_argument("--frames", type=int, default=50, help="frames per Qwen3-TTS request (at most: random weights seldom emit eos)")
     ap.add_argument("--reference", action="store_true", help="also time the reference generate() (slow)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="qwen3_tts: where served first audio goes beyond in-process, at c = 1 (perf/ttfa_breakdown.py)")
     ap.add_argument("--engine", default="vllm,torch", help="orpheus: engines of the LM stage, served in turn")
     ap.add_argument("--tokens", type=int, default=280, help="LM tokens per Orpheus request (random weights never "
                                                             "stop); Qwen3-Omni: the thinker's answer limit")
     ap.add_argument("--reference-threads", type=int, default=2, help="qwen3_omni: threads of the reference process")
     ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
     args = ap.parse_args(argv)
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    rates = [float(r) for r in args.rate.split(",") if r]
 
     from ensemble_builder.build import build
     from omni_backend.deploy import default_deploy_path
@@ -280,8 +362,21 @@ def main(argv: list[str] | None = None) -> int:
     # a SIGTERM (a timeout around this script) unwinds through the finally below: the server
     # runs in its own session and would otherwise outlive us
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    parts: dict = {}
+
+    def breakdown(url: str) -> None:
+        from perf.ttfa_breakdown import ttfa_breakdown
+
+        print("[bench] first-audio breakdown at c = 1", flush=True)
+        parts.update(ttfa_breakdown(url, args.pipeline, model, deploy_path, TEXTS[0], params))
+
     startup, rss, triton_version, rows = serve_levels(repo, args.pipeline, levels, args.requests, params,
-                                                      work / "tritonserver.log", "served")
+                                                      work / "tritonserver.log", "served",
+                                                      (rates, args.rate_requests),
+                                                      breakdown if args.breakdown and pipeline.family == "qwen3_tts"
+                                                      else None)
+    rate_rows = [r for r in rows if "rate" in r]
+    rows = [r for r in rows if "concurrency" in r]
 
     inproc: dict[int, dict] = {}
     ref: dict[int, float] = {}
@@ -298,26 +393,36 @@ def main(argv: list[str] | None = None) -> int:
             f"checkpoint: {shape}; deploy `{Path(deploy_path).name}`. Server start-up {startup:.1f} s, resident memory "
             f"{rss:.0f} MiB (server + stubs, after the run). Command: `python perf/bench.py "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n")
-    cols = ["c", "requests", "errors", "TTFA p50 ms", "TTFA p95 ms", "RTF p50", "audio s/s"]
+    cols = ["c", "requests", "errors"] + LISTENER_COLUMNS
     if inproc:
-        cols += ["in-proc TTFA p50 ms", "in-proc audio s/s", "served/in-proc RTF"]
+        cols += ["in-proc TTFA p50 ms", "served - in-proc TTFA p50 ms", "in-proc audio s/s", "served/in-proc RTF"]
     if ref:
         cols += ["reference audio s/s", "served/reference audio s/s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         c = r["concurrency"]
-        cells = [c, r["requests"], r["errors"], f"{r['ttfa_p50_ms']:.0f}", f"{r['ttfa_p95_ms']:.0f}",
-                 f"{r['rtf_p50']:.3f}", f"{r['audio_s_per_s']:.2f}"]
+        cells = [c, r["requests"], r["errors"], *listener_cells(r)]
         if inproc:
             ip = inproc[c]
-            cells += [f"{ip['ttfa_ms']:.0f}", f"{ip['audio_s_per_s']:.2f}",
+            cells += [f"{ip['ttfa_ms']:.0f}", f"{r['ttfa_p50_ms'] - ip['ttfa_ms']:.0f}", f"{ip['audio_s_per_s']:.2f}",
                       f"{r['rtf_p50'] / ip['rtf']:.2f}"]
         if ref:
             cells += [f"{ref[c]:.2f}" if c in ref else "", f"{r['audio_s_per_s'] / ref[c]:.2f}" if c in ref else ""]
         lines.append("| " + " | ".join(str(x) for x in cells) + " |")
-    table = head + "\n" + "\n".join(lines) + "\n"
-    if any(r["first_error"] for r in rows):
-        table += "\nFirst error: " + next(r["first_error"] for r in rows if r["first_error"]) + "\n"
+    table = head + "\n" + ("\n".join(lines) + "\n" if rows else "")
+    if rate_rows:
+        cols = ["requests/s (Poisson)", "requests", "errors"] + LISTENER_COLUMNS
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(str(x) for x in [f"{r['rate']:g}", r["requests"], r["errors"], *listener_cells(r)])
+                  + " |" for r in rate_rows]
+        table += "\n" + "\n".join(lines) + "\n"
+    if parts:
+        from perf.ttfa_breakdown import breakdown_table
+
+        table += ("\nFirst audio at c = 1, part by part (perf/ttfa_breakdown.py; 10 requests each, "
+                  "p50):\n\n" + breakdown_table(parts) + "\n")
+    if any(r["first_error"] for r in rows + rate_rows):
+        table += "\nFirst error: " + next(r["first_error"] for r in rows + rate_rows if r["first_error"]) + "\n"
     print("\n" + table)
     with open(args.results, "a") as f:
         f.write("\n" + table)

@@ -55,6 +55,8 @@ class PipelineInfo:
     # The catalog's `chat`: the pipeline answers a conversation (POST /v1/chat/completions)
     # instead of reading its input aloud (POST /v1/audio/speech).
     chat: bool = False
+    # The catalog's `default_voice`, for a model whose voice parameter has no default of its own.
+    catalog_default_voice: str | None = None
 
     @property
     def known(self) -> bool:
@@ -76,7 +78,9 @@ class PipelineInfo:
     def default_voice(self) -> str | None:
         """The voice the model uses when none is named (None: the model decides)."""
         spec = self.voice_field
-        return str(spec.default) if spec is not None and spec.default else None
+        if spec is not None and spec.default:
+            return str(spec.default)
+        return self.catalog_default_voice if spec is not None else None
 
     @property
     def native_speed(self) -> tuple[float, float] | None:
@@ -121,7 +125,8 @@ def describe_pipeline(name: str, catalog: str | None = None) -> PipelineInfo:
             break
     return PipelineInfo(name=name, fields=fields, sample_rate=described.get("sample_rate"),
                         description=described.get("description", ""), params=tuple(described["params"]),
-                        clones=bool(described.get("clones_voices")), chat=chat)
+                        clones=bool(described.get("clones_voices")), chat=chat,
+                        catalog_default_voice=described.get("default_voice") or None)
 
 
 def entry_pipeline_name(model_name: str, config: dict[str, Any]) -> str | None:

@@ -28,9 +28,14 @@ RESPONSE_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 STREAM_FORMATS = ("audio", "sse")
 SPEED_RANGE = (0.25, 4.0)
 OPENAI_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed", "stream_format")
+# Fields of vLLM-Omni's speech API handled by the shim itself: `stream` (true: streamed, the
+# default; false: the whole file in one response with its length).
+SHIM_FIELDS = ("stream",)
 # Extensions shared with vLLM-Omni's speech API; passed to pipelines whose adapter accepts them.
+# `ignore_eos` (its benchmark sends it): generate up to `max_new_tokens`; false is every
+# pipeline's own behaviour, so it is only passed on where the pipeline accepts the field.
 EXTENSION_FIELDS = ("task_type", "language", "seed", "max_new_tokens", "initial_codec_chunk_frames",
-                    "ref_audio", "ref_text", "x_vector_only_mode")
+                    "ref_audio", "ref_text", "x_vector_only_mode", "ignore_eos")
 MAX_REF_AUDIO_CHARS = 16 * 1024 * 1024
 # Body keys an error may name as its `param`.
 _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -42,10 +47,11 @@ EXTENSION_PARAM_NAMES = {"initial_codec_chunk_frames": ("initial_codec_chunk_fra
 class SpeechRequest:
     model: str
     input: str
-    voice: str
+    voice: str | None   # None: the model's default voice (vLLM-Omni's clients send none)
     response_format: str = "mp3"
     speed: float = 1.0
     stream_format: str = "audio"
+    stream: bool = True
     instructions: str | None = None
     extensions: dict[str, Any] = field(default_factory=dict)
 
@@ -101,7 +107,14 @@ def _choice(body: dict, name: str, choices: tuple[str, ...], default: str) -> st
     return value
 
 
-def _voice(body: dict) -> str:
+def _boolean(body: dict, name: str) -> bool | None:
+    value = _optional(body, name)
+    if value is not None and not isinstance(value, bool):
+        raise invalid_request(name, f"{name}: must be true or false, got {shown(value)}")
+    return value
+
+
+def _voice(body: dict) -> str | None:
     value = _optional(body, "voice")
     if isinstance(value, dict):  # OpenAI's custom-voice form {"id": "..."}
         unknown = set(value) - {"id"}
@@ -112,7 +125,7 @@ def _voice(body: dict) -> str:
         if not isinstance(value, str):
             raise invalid_request("voice", "voice: {\"id\": ...} must hold a string")
     elif value is None:
-        raise invalid_request("voice", "voice: is required", code="missing_required_parameter")
+        return None
     elif not isinstance(value, str):
         raise invalid_request("voice", f"voice: must be a string or {{\"id\": ...}}, got {type(value).__name__}")
     if not value.strip():
@@ -153,9 +166,9 @@ def parse_speech_body(body: Any) -> SpeechRequest:
     """Check a decoded JSON body; model-independent."""
     if not isinstance(body, dict):
         raise invalid_request(None, "The request body must be a JSON object")
-    unknown = [k for k in body if k not in OPENAI_FIELDS and k not in EXTENSION_FIELDS]
+    unknown = [k for k in body if k not in OPENAI_FIELDS + SHIM_FIELDS + EXTENSION_FIELDS]
     if unknown:
-        allowed = ", ".join(OPENAI_FIELDS + EXTENSION_FIELDS)
+        allowed = ", ".join(OPENAI_FIELDS + SHIM_FIELDS + EXTENSION_FIELDS)
         name = unknown[0]
         if _FIELD_NAME.fullmatch(name):
             raise invalid_request(name, f"{name}: unknown field; allowed: {allowed}", code="unknown_parameter")
@@ -174,6 +187,11 @@ def parse_speech_body(body: Any) -> SpeechRequest:
         stream_format=_choice(body, "stream_format", STREAM_FORMATS, "audio"),
         instructions=_string(body, "instructions", max_len=MAX_INSTRUCTIONS_CHARS),
     )
+    stream = _boolean(body, "stream")
+    if stream is False and req.stream_format == "sse":
+        raise invalid_request("stream", "stream: false asks for the whole file in one response; "
+                                        "stream_format sse is a stream of events (use stream_format audio)")
+    req.stream = stream is not False
     ext: dict[str, Any] = {}
     for name in ("task_type", "language", "ref_text"):
         value = _string(body, name, max_len=MAX_INPUT_CHARS)
@@ -184,12 +202,10 @@ def parse_speech_body(body: Any) -> SpeechRequest:
         value = _integer(body, name, lo, hi)
         if value is not None:
             ext[name] = value
-    x_vector_only = _optional(body, "x_vector_only_mode")
-    if x_vector_only is not None:
-        if not isinstance(x_vector_only, bool):
-            raise invalid_request("x_vector_only_mode",
-                                  f"x_vector_only_mode: must be true or false, got {shown(x_vector_only)}")
-        ext["x_vector_only_mode"] = x_vector_only
+    for name in ("x_vector_only_mode", "ignore_eos"):
+        value = _boolean(body, name)
+        if value is not None:
+            ext[name] = value
     ref_audio = _string(body, "ref_audio")
     if ref_audio is not None:
         ext["ref_audio"] = _ref_audio(ref_audio)
@@ -230,7 +246,8 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
     clones voices, a request naming one (and carrying no ``ref_audio`` of its own) clones it."""
     params: dict[str, Any] = {}
     ignored: list[str] = []
-    voice = registered.get(req.voice) if registered is not None and info.clones_voices else None
+    voice = (registered.get(req.voice) if registered is not None and info.clones_voices and req.voice
+             else None)
     if voice is not None and "ref_audio" not in req.extensions:
         req.extensions = dict(req.extensions)
         req.extensions["ref_audio"] = registered.data_url(voice)
@@ -242,6 +259,8 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
         voice = None
 
     for name, value in req.extensions.items():
+        if name == "ignore_eos" and value is False and not info.accepts(name):
+            continue   # stopping at eos is what every pipeline does
         if name in CLONE_FIELDS and info.known and not info.clones_voices:
             raise invalid_request(name, f"{name}: model '{info.name}' does not clone voices; "
                                         f"use one of its voices instead")
@@ -255,9 +274,10 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
 
     # OpenAI's stock voice names (alloy, nova, ...) mean "the model's default voice" unless the
     # model really has a voice of that name: the voice is then left out and the model decides.
+    # No voice at all means the same (`default_voice` in GET /v1/models/{model}).
     voice_spec = info.voice_field
-    stock = req.voice.lower() in OPENAI_VOICES
-    if voice is not None:
+    stock = req.voice is None or req.voice.lower() in OPENAI_VOICES
+    if voice is not None or req.voice is None:
         pass  # the registered voice is the reference audio
     elif (info.clones_voices and voice_spec is not None and not voice_spec.choices and not stock
           and "ref_audio" not in req.extensions):

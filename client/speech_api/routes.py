@@ -95,7 +95,8 @@ async def get_model(request: Request, model: str) -> JSONResponse:
             "pipeline": pipeline}
     if info is not None and info.known:   # what the pipeline accepts (its request parameters)
         body.update(description=info.description, sample_rate=info.sample_rate, voices=info.voices,
-                    clones_voices=info.clones_voices, parameters=list(info.params))
+                    default_voice=info.default_voice, clones_voices=info.clones_voices,
+                    parameters=list(info.params))
     if info is not None:
         body["chat"] = info.chat
     return JSONResponse(body)
@@ -218,6 +219,8 @@ async def create_speech(request: Request):
     if triton_request.ignored:
         headers["x-omni-ignored-fields"] = ",".join(triton_request.ignored)
     media = SSE_CONTENT_TYPE if speech.stream_format == "sse" else CONTENT_TYPES[speech.response_format]
+    if not speech.stream:   # `stream: false`: the whole file, its length known, or an error status
+        return WatchedResponse(synthesis.whole(), media_type=media, headers=headers, abandon=synthesis.close)
     return AudioStreamResponse(synthesis.body(), media_type=media, headers=headers, close=synthesis.close)
 
 

@@ -97,6 +97,16 @@ class SpeechSynthesis(AdmittedStream):
         finally:
             await self.close()
 
+    async def whole(self) -> tuple[int, dict[str, str], bytes]:
+        """The whole file (`stream: false`): a failure part-way is an error status, not a cut body."""
+        try:
+            data = b"".join([part async for part in self.body()])
+            return 200, {"content-length": str(len(data))}, data
+        except ApiError as e:
+            self.access["error"] = e.code
+            self.access["outcome"] = f"error {e.status}"
+            return e.status, e.headers, e.body()
+
     async def _sse(self) -> AsyncIterator[bytes]:
         try:
             async for data in self._encoded():

@@ -2,8 +2,9 @@
 
 The source stage streams frames as it makes them (`CODES`, [frames, codebooks]); the chunk
 schedule (omni_backend/chunking.py, the deploy's `async_chunk`) cuts them into windows: a small
-first chunk for time to first audio, then `chunk_frames`, each window carrying up to
-`left_context_frames` of context. Each window goes to the batched codec stage (`CODES`
+first chunk for time to first audio, then chunks that grow to `chunk_frames` (each made while
+the audio before it plays: `growing_chunks`), each window carrying up to `left_context_frames` of
+context. Each window goes to the batched codec stage (`CODES`
 [codebooks, frames], `LEFT_CONTEXT`) while the source keeps generating; the codec stage answers
 with the new frames' audio only.
 
@@ -33,11 +34,9 @@ class CodecWindows(Transfer):
         if not a.enabled:  # one window for the whole utterance
             return CodecChunkSchedule(10**9, 10**9, 0)
 
-        def pick(key: str, default: int) -> int:   # per-request overrides the adapter accepted
-            return request[key] if request.get(key) is not None else default
-        return CodecChunkSchedule(pick("initial_chunk_frames", a.initial_chunk_frames),
-                                  pick("chunk_frames", a.chunk_frames),
-                                  pick("left_context_frames", a.left_context_frames))
+        # per-request overrides the adapter accepted; the deploy says whether chunks grow
+        return a.chunk_schedule(request.get("initial_chunk_frames"), request.get("chunk_frames"),
+                                request.get("left_context_frames"))
 
     def frames(self, array: np.ndarray) -> list[np.ndarray]:
         """One source output's frames, oldest first."""

@@ -30,6 +30,7 @@ import triton_python_backend_utils as pb_utils
 from omni_backend.errors import InvalidRequest, Unavailable
 from omni_backend.families import built_model, import_path
 from omni_backend.pipeline import StageConfig, TensorSpec
+from omni_backend.playback import Playback
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
 from omni_backend.triton.stage_liveness import StageLiveness
@@ -170,6 +171,15 @@ class PipelineEntry(DecoupledModel):
             for closer in reversed(closers):   # the stage streams themselves close with ctx
                 await closer.aclose()
 
+    def listened(self, playback: Playback, now: float, duration_s: float) -> None:
+        """A chunk leaves for the client: the wait it cost a player, and the stream's first gap."""
+        had_gap = not playback.continuous
+        wait = playback.arrived(now, duration_s)
+        if wait > 0:
+            self.metrics.underrun_seconds.increment(wait)
+        if had_gap != (not playback.continuous):
+            self.metrics.streams_with_gap.increment(1)
+
     def client_tensor(self, spec: TensorSpec, value: np.ndarray) -> "pb_utils.Tensor":
         """A stage's client output as the entry declares it: a batched stage's leading batch
         dimension of 1 is dropped."""
@@ -182,14 +192,17 @@ class PipelineEntry(DecoupledModel):
                                         input_bytes(ctx.request, "PARAMS"))
         rate = np.array([self.sample_rate], dtype=np.int32)
         first = True
+        playback = Playback()   # what a listener of this stream hears, live
         async for stage, out in self.outputs(ctx, request):
             tensors = []
             audio = out["AUDIO"].reshape(-1) if stage.final_output and "AUDIO" in out else None
             if audio is not None and audio.size:
+                now = time.perf_counter()
                 if first:
-                    self.metrics.ttfa_ms.observe((time.perf_counter() - ctx.t0) * 1000.0)
+                    self.metrics.ttfa_ms.observe((now - ctx.t0) * 1000.0)
                     first = False
                 self.metrics.audio_seconds.increment(audio.size / self.sample_rate)
+                self.listened(playback, now, audio.size / self.sample_rate)
                 tensors += [pb_utils.Tensor("AUDIO", np.ascontiguousarray(audio, dtype=np.float32)),
                             pb_utils.Tensor("SAMPLE_RATE", rate)]
             for name in stage.client_outputs:

@@ -10,6 +10,9 @@ ACTIVE_STREAMS = "omni_active_streams"   # per entry model: the load the autosca
 FAMILIES = {
     "omni_ttfa_ms": ("Time from request arrival to the first audio chunk (ms)", "HISTOGRAM"),
     "omni_audio_seconds_total": ("Seconds of audio streamed to clients", "COUNTER"),
+    "omni_audio_underrun_seconds_total": ("Seconds a player starting at a stream's first audio waited for "
+                                          "the next chunk", "COUNTER"),
+    "omni_streams_with_gap_total": ("Streams in which a player waited 100 ms or more for a chunk", "COUNTER"),
     ACTIVE_STREAMS: ("Streams in flight in the entry model", "GAUGE"),
     "omni_requests_total": ("Requests finished, by outcome", "COUNTER"),
     "omni_errors_total": ("Requests that ended in an error, by error code", "COUNTER"),

@@ -46,6 +46,8 @@ class PipelineMetrics:
         self.pipeline = pipeline
         self.ttfa_ms = metric("omni_ttfa_ms", labels=labels, buckets=TTFA_BUCKETS_MS)
         self.audio_seconds = metric("omni_audio_seconds_total", labels=labels)
+        self.underrun_seconds = metric("omni_audio_underrun_seconds_total", labels=labels)
+        self.streams_with_gap = metric("omni_streams_with_gap_total", labels=labels)
         self.active = metric(ACTIVE_STREAMS, labels=labels)
         self._outcomes: dict[str, "pb_utils.Metric"] = {}
         self._errors: dict[str, "pb_utils.Metric"] = {}

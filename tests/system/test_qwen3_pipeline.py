@@ -40,7 +40,6 @@ PROMPTS = [
 def reference(triton):
     """The in-process engine, decoder and adapter on the same built-in checkpoint."""
     from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
-    from omni_backend.chunking import CodecChunkSchedule
     from omni_backend.deploy import default_deploy_path, load_deploy
     from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
     from omni_backend.models.qwen3_tts.code2wav import Code2Wav
@@ -71,10 +70,8 @@ def reference(triton):
             return np.asarray(engine.generate([(rid, prompt, sp)])[rid], dtype=np.int64)
 
         def audio(self, codes, params):
-            a = deploy.async_chunk
-            schedule = CodecChunkSchedule(params.get("initial_chunk_frames", a.initial_chunk_frames),
-                                          params.get("chunk_frames", a.chunk_frames),
-                                          params.get("left_context_frames", a.left_context_frames))
+            schedule = deploy.async_chunk.chunk_schedule(params.get("initial_chunk_frames"), params.get("chunk_frames"),
+                                                         params.get("left_context_frames"))
             t = torch.from_numpy(codes.T[None].copy())
             return torch.cat(list(decoder.decode_stream(t, schedule)), dim=-1)[0].numpy()
 
@@ -125,10 +122,16 @@ def test_served_codes_and_audio_equal_in_process(triton, reference, text, params
 
 
 def test_first_chunk_is_the_initial_chunk(triton):
+    """The first chunk is the request's `initial_chunk_frames`; the next grow with the audio sent
+    (the deploy's `continuity_rtf`) up to its `chunk_frames`, cut as the deploy's schedule plans."""
+    from omni_backend.deploy import default_deploy_path, load_deploy
+
     res = synthesize(triton.grpc_url, PIPELINE, "Hello there.", {**GREEDY, "max_new_tokens": 40,
                                                                  "initial_chunk_frames": 3, "chunk_frames": 10})
     sizes = [len(c) // 1920 for c in res.chunks]
-    assert sizes[0] == 3 and all(s == 10 for s in sizes[1:-1]) and sum(sizes) == 39
+    schedule = load_deploy(default_deploy_path(PIPELINE)).async_chunk.chunk_schedule(3, 10)
+    assert schedule.continuity_rtf > 0
+    assert sizes == [w.new_frames for w in schedule.plan(39)] == [3, 4, 6, 7, 3, 10, 6]
 
 
 def test_concurrent_requests_equal_their_solo_result(triton):

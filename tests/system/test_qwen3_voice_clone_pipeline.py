@@ -56,7 +56,6 @@ def voices():
 def reference(triton):
     """In-process engine, voice encoder and decoder on the same built-in checkpoint."""
     from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
-    from omni_backend.chunking import CodecChunkSchedule
     from omni_backend.deploy import default_deploy_path, load_deploy
     from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
     from omni_backend.models.qwen3_tts.code2wav import Code2Wav
@@ -90,7 +89,7 @@ def reference(triton):
 
         def windowed_audio(self, codes, context):
             a = deploy.async_chunk
-            schedule = CodecChunkSchedule(a.initial_chunk_frames, a.chunk_frames, a.left_context_frames)
+            schedule = a.chunk_schedule()
             offset = 0 if context is None else context.shape[0]
             full = codes if context is None else np.concatenate([context, codes])
             pieces, emitted = [], 0

@@ -46,7 +46,6 @@ MISSING, INVALID, TOO_LONG, UNKNOWN, UNSUPPORTED = ("missing_required_parameter"
 BAD_REQUESTS = [
     ({"input": "x", "voice": "alloy"}, "model", MISSING),
     ({"model": "tts-1", "voice": "alloy"}, "input", MISSING),
-    ({"model": "tts-1", "input": "x"}, "voice", MISSING),
     ({**OK, "model": 5}, "model", INVALID),
     ({**OK, "input": "   \n"}, "input", INVALID),
     ({**OK, "input": "x" * 4097}, "input", TOO_LONG),
@@ -75,6 +74,10 @@ BAD_REQUESTS = [
     ({**OK, "ref_text": "the words in the reference"}, "ref_text", INVALID),
     ({**OK, "ref_audio": "https://example.com/voice.wav"}, "ref_audio", INVALID),
     ({**OK, "x_vector_only_mode": "yes"}, "x_vector_only_mode", INVALID),
+    ({**OK, "stream": "yes"}, "stream", INVALID),
+    ({**OK, "stream": False, "stream_format": "sse"}, "stream", INVALID),
+    ({**OK, "ignore_eos": 1}, "ignore_eos", INVALID),
+    ({**OK, "ignore_eos": True}, "ignore_eos", UNSUPPORTED),
     # Lone surrogates (unencodable for Triton: they gave a plain-text 500) and NUL, in every string
     ({**OK, "input": "\ud800 hi"}, "input", INVALID),
     ({**OK, "input": "hi \udfff"}, "input", INVALID),

@@ -54,3 +54,52 @@ def test_pipeline_validation_comes_back_as_400(shim, openai_client, voices):
     r = httpx.post(f"{shim.url}/v1/audio/speech", json={
         "model": MODEL, "voice": "alloy", "input": "Hi.", "ref_audio": "data:audio/wav;base64,AAAA"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "ref_audio"
+
+
+# What `vllm-omni bench serve --omni --backend openai-audio-speech` and its users' clients post:
+# no voice, `stream`, `stream_format: audio`, raw pcm, `ignore_eos`.
+BENCH_BODY = {"model": MODEL, "input": "Hello there, this is a benchmark request.", "stream": True,
+              "stream_format": "audio", "response_format": "pcm", "ignore_eos": True}
+DEPLOY_MAX_NEW_TOKENS = 100   # deploy/qwen3_tts_tiny_random.yaml: default_sampling_params
+SAMPLES_PER_FRAME = 1920      # 24 kHz / 12.5 frames per second
+
+
+def test_the_default_voice_is_listed(shim, voices):
+    body = httpx.get(f"{shim.url}/v1/models/{MODEL}").json()
+    assert body["default_voice"] == "vivian" and body["default_voice"] in body["voices"]
+    assert any(p["name"] == "ignore_eos" and p["type"] == "bool" for p in body["parameters"])
+    assert httpx.get(f"{shim.url}/v1/audio/voices", params={"model": MODEL}).json()["default"] == "vivian"
+
+
+def test_vllm_omni_benchmark_request_is_served(shim, voices):
+    """That exact body streams pcm; `ignore_eos` runs to `max_new_tokens` (the last token is
+    no frame, as the reference), so the audio's length is known exactly."""
+    with httpx.stream("POST", f"{shim.url}/v1/audio/speech", json=BENCH_BODY, timeout=120) as r:
+        assert r.status_code == 200, r.read()[:500]
+        assert r.headers["content-type"].startswith("audio/pcm") or "pcm" in r.headers["content-type"]
+        parts = [part for part in r.iter_bytes() if part]
+    audio, rate = decode(b"".join(parts), "pcm")
+    assert rate == 24000 and len(parts) > 1   # streamed, not one body
+    assert audio.size == (DEPLOY_MAX_NEW_TOKENS - 1) * SAMPLES_PER_FRAME
+    assert rms(audio) > 0.001
+
+
+def test_no_voice_speaks_the_default_voice_and_stream_false_is_whole(shim, openai_client, voices):
+    """Without `voice` the request speaks as `default_voice` (same seed, same samples); `stream:
+    false` answers the same bytes in one body with its length."""
+    body = {**BENCH_BODY, "seed": 5, "max_new_tokens": FRAMES}
+    default = httpx.post(f"{shim.url}/v1/audio/speech", json=body, timeout=120)
+    named = httpx.post(f"{shim.url}/v1/audio/speech", json={**body, "voice": "vivian"}, timeout=120)
+    other = httpx.post(f"{shim.url}/v1/audio/speech", json={**body, "voice": "ryan"}, timeout=120)
+    whole = httpx.post(f"{shim.url}/v1/audio/speech", json={**body, "stream": False}, timeout=120)
+    for r in (default, named, other, whole):
+        assert r.status_code == 200, r.text[:500]
+    assert len(default.content) == (FRAMES - 1) * SAMPLES_PER_FRAME * 2
+    assert default.content == named.content != other.content
+    assert whole.content == default.content and int(whole.headers["content-length"]) == len(whole.content)
+    # the SDK's own call: `voice: null` is no voice
+    sdk = openai_client.audio.speech.with_raw_response.create(
+        model=MODEL, voice=None, input=body["input"], response_format="pcm",
+        extra_body={"stream": True, "stream_format": "audio", "ignore_eos": True, "seed": 5,
+                    "max_new_tokens": FRAMES})
+    assert sdk.content == default.content

@@ -38,6 +38,7 @@ def test_batch_invariant_defaults_to_the_device():
     ({"pipeline": "p", "entry": {"bls_threads": 81}}, "entry.bls_threads"),   # the backend's pool, less 16
     ({"pipeline": "p", "async_chunk": {"chunk_frames": 0}}, "async_chunk.chunk_frames"),
     ({"pipeline": "p", "async_chunk": {"enabled": "yes"}}, "async_chunk.enabled"),
+    ({"pipeline": "p", "async_chunk": {"continuity_rtf": 2}}, "async_chunk.continuity_rtf"),
     ({"pipeline": "p", "async_chunk": {"left_context": 5}}, "async_chunk.left_context"),
     ({"pipeline": "p", "stages": {"stage_id": 0}}, "stages"),
     ({"pipeline": "p", "stages": [{"stage_id": 0}, {"stage_id": 0}]}, "stages"),

@@ -208,3 +208,23 @@ def test_request_fields_map_to_sampling_params(cv):
     # without extra, the code predictor follows do_sample: greedy() is greedy for every codebook
     assert code_predictor_params(SamplingParams.greedy()).subtalker_do_sample is False
     assert code_predictor_params(SamplingParams()).subtalker_do_sample is True
+
+
+def test_ignore_eos_generates_to_max_new_tokens(qwen3_loaded, qwen3_tiny_eos):
+    """A request's `ignore_eos` (vLLM-Omni's benchmark sends it) holds eos back for every token
+    `max_new_tokens` allows: the checkpoint that emits eos after a few frames runs to the limit."""
+    from omni_backend.models.qwen3_tts.sampling_params import sampling_params_from_request
+
+    ck = qwen3_loaded(qwen3_tiny_eos)
+    defaults = SamplingParams.greedy(max_new_tokens=2048)
+    engine = create_engine(ck, max_num_seqs=2, max_model_len=128, num_threads=1)
+    engine.add_request("ignored", _prompt(ck), sampling_params_from_request(
+        defaults, {"ignore_eos": True, "max_new_tokens": 30}))
+    engine.add_request("honoured", _prompt(ck), sampling_params_from_request(
+        defaults, {"ignore_eos": False, "max_new_tokens": 30}))
+    events = _collect(engine)
+    ignored = [e for e in events if e.request_id == "ignored"]
+    honoured = [e for e in events if e.request_id == "honoured"]
+    assert len(ignored) == 29 and ignored[-1].finish_reason == "length"   # max_new_tokens - 1 frames
+    assert len(honoured) == QWEN3_EOS_AFTER and honoured[-1].finish_reason == "stop"
+    assert [e.codes for e in ignored[:QWEN3_EOS_AFTER - 1]] == [e.codes for e in honoured[:QWEN3_EOS_AFTER - 1]]

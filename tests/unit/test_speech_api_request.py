@@ -46,6 +46,9 @@ def test_defaults_and_openai_fields():
     ({**BASE, "voice": {"id": "\udc80"}}, "voice"), ({**BASE, "instructions": "calm\ud800"}, "instructions"),
     ({**BASE, "language": "\ud800"}, "language"), ({**BASE, "ref_text": "\x00"}, "ref_text"),
     ({**BASE, "response_format": "mp3\ud800"}, "response_format"),
+    # vLLM-Omni's fields: `stream` and `ignore_eos` are booleans; a whole file is no SSE stream
+    ({**BASE, "stream": "true"}, "stream"), ({**BASE, "ignore_eos": 1}, "ignore_eos"),
+    ({**BASE, "stream": False, "stream_format": "sse"}, "stream"),
     # Numbers that overflow float() or print as 400 digits:
     ({**BASE, "speed": 10**400}, "speed"), ({**BASE, "seed": 10**400}, "seed"),
     ({**BASE, "speed": float("inf")}, "speed"), ({**BASE, "seed": float("-inf")}, "seed"),
@@ -121,3 +124,32 @@ def test_catalog_aliases(hibari):
     assert [catalog.resolve(m) for m in ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "hibari", "x")] == \
         ["hibari", "hibari", "hibari", "hibari", None]
     assert catalog.model_names() == ["hibari", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
+
+
+def test_vllm_omni_benchmark_body():
+    """What `vllm-omni bench serve --backend openai-audio-speech` posts: no voice, `stream`,
+    `stream_format: audio`, `ignore_eos`."""
+    body = {"model": "qwen3_tts", "input": "Hello.", "stream": True, "stream_format": "audio",
+            "response_format": "pcm", "ignore_eos": True}
+    req = parse_speech_body(body)
+    assert req.voice is None and req.stream and req.stream_format == "audio"
+    assert req.extensions == {"ignore_eos": True}
+    assert parse_speech_body({**body, "stream": False}).stream is False
+    assert parse_speech_body({k: v for k, v in body.items() if k != "stream"}).stream is True
+
+
+def test_ignore_eos_and_no_voice_per_pipeline(hibari):
+    info = describe_pipeline("qwen3_tts", '{"params": [{"name": "voice", "type": "str"}, '
+                                          '{"name": "ignore_eos", "type": "bool"}], '
+                                          '"voices": ["ryan", "vivian"], "default_voice": "vivian"}')
+    assert info.default_voice == "vivian" and info.voices == ["ryan", "vivian"]
+    no_voice = {"model": "qwen3_tts", "input": "Hello.", "ignore_eos": True}
+    # no voice: the model's default (it is left out, the model picks it)
+    assert build_triton_params(parse_speech_body(no_voice), info).params == {"ignore_eos": True}
+    assert build_triton_params(parse_speech_body({**no_voice, "voice": "ryan"}), info).params == \
+        {"ignore_eos": True, "voice": "ryan"}
+    # stopping at eos is every pipeline's own behaviour; asking for the opposite is refused
+    assert build_triton_params(parse_speech_body({**BASE, "ignore_eos": False}), hibari).params == {}
+    e = error_of(build_triton_params, parse_speech_body({**BASE, "ignore_eos": True}), hibari)
+    assert e.param == "ignore_eos" and e.code == "unsupported_parameter"
+    assert build_triton_params(parse_speech_body({"model": "tts-1", "input": "Hi."}), hibari).params == {}

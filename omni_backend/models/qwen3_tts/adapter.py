@@ -37,6 +37,7 @@ class Qwen3TTSAdapter(TTSAdapter):
         Param("non_streaming_mode", bool, help="text all in the prompt (default for CustomVoice/VoiceDesign)"),
         Param("seed", int, lo=0, hi=2**63 - 1, help="sampling seed; unset = random"),
         Param("max_new_tokens", int, lo=1, hi=8192, help="frame limit (12.5 frames per second)"),
+        Param("ignore_eos", bool, help="generate up to max_new_tokens, eos never ends it (benchmarks)"),
         Param("do_sample", bool),
         Param("temperature", float, lo=1e-3, hi=5.0),
         Param("top_k", int, lo=0, hi=3072),
@@ -85,7 +86,15 @@ class Qwen3TTSAdapter(TTSAdapter):
         clones = self.checkpoint_kind == "base"
         clone_fields = ("ref_audio", "ref_text", "x_vector_only_mode")
         return {"params": [p.to_dict() for p in self.params if clones or p.name not in clone_fields],
-                "voices": list(self.builder.speakers), "clones_voices": clones}
+                "voices": list(self.builder.speakers), "clones_voices": clones,
+                "default_voice": None if clones else self.default_speaker()}
+
+    def default_speaker(self) -> str | None:
+        """The speaker of a request that names none (CustomVoice: the reference's default)."""
+        if self.checkpoint_kind != "custom_voice":
+            return None
+        speakers = self.builder.speakers
+        return DEFAULT_SPEAKER if DEFAULT_SPEAKER in speakers else (speakers[0] if speakers else None)
 
     def check(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
         kind = self.checkpoint_kind
@@ -99,8 +108,7 @@ class Qwen3TTSAdapter(TTSAdapter):
                                                   f"{TASK_NAMES[kind]}")
         params["task_type"] = TASK_NAMES[kind]
         if kind == "custom_voice" and not params.get("voice"):
-            speakers = self.builder.speakers
-            params["voice"] = DEFAULT_SPEAKER if DEFAULT_SPEAKER in speakers else speakers[0]
+            params["voice"] = self.default_speaker()
         if params.get("voice"):
             params["voice"] = params["voice"].strip().lower()
         if params.get("language"):

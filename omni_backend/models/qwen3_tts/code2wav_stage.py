@@ -39,12 +39,11 @@ class Code2WavStage(BatchedStage):
     def capture_graphs(self):
         """CUDA graphs of every full window shape of the deploy's chunk schedule per batch bucket,
         captured here, before Triton reports the model ready; other shapes run eagerly."""
-        from omni_backend.chunking import CodecChunkSchedule
         from omni_backend.engine.cuda_graphs import bucket_sizes
         from omni_backend.models.qwen3_tts.code2wav import Code2WavGraphs
 
-        a, sd = self.deploy.async_chunk, self.stage_deploy
-        schedule = CodecChunkSchedule(a.initial_chunk_frames, a.chunk_frames, a.left_context_frames)
+        sd = self.stage_deploy
+        schedule = self.deploy.async_chunk.chunk_schedule()
         graphs = Code2WavGraphs(self.decoder, windows=schedule.full_window_shapes(),
                                 batch_sizes=bucket_sizes(sd.cuda_graph_sizes, sd.max_batch_size))
         try:

@@ -54,8 +54,11 @@ REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams)
 
 def sampling_params_from_request(defaults: SamplingParams, request: Mapping[str, Any]) -> SamplingParams:
     """A request's parameters over ``defaults`` (a key absent or ``None`` keeps the default): the
-    engine's fields, the ``subtalker_*`` ones into ``extra``, and ``seed`` (``None``: random)."""
+    engine's fields, the ``subtalker_*`` ones into ``extra``, ``seed`` (``None``: random), and
+    ``ignore_eos`` (``min_new_tokens`` up to ``max_new_tokens``)."""
     values = {k: request[k] for k in REQUEST_FIELDS if request.get(k) is not None}
+    if request.get("ignore_eos"):   # eos is held back for every token max_new_tokens allows
+        values["min_new_tokens"] = values.get("max_new_tokens", defaults.max_new_tokens)
     cp = {k: request[k] for k in FIELDS if request.get(k) is not None}
     extra = defaults.extra if defaults.extra is not None else Qwen3SamplingParams()
     return dataclasses.replace(defaults, seed=request.get("seed"), extra=dataclasses.replace(extra, **cp), **values)
