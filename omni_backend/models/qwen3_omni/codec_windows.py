@@ -10,8 +10,9 @@ whole tail, losing ``trim`` samples exactly where the reference does. With ``lef
 >= 325 the windows' concatenation is the reference's waveform (to float rounding); a smaller
 value trades exactness for shorter windows.
 
-Window schedule: ``initial_chunk_frames`` new frames first (time to first audio), then
-``chunk_frames``, never across a segment boundary. The code2wav stage gets CODES
+Window schedule: the deploy's (``initial_chunk_frames`` new frames first, for time to first
+audio, then chunks that grow with ``continuity_rtf`` up to ``chunk_frames``), never across a
+segment boundary. The code2wav stage gets CODES
 [1, 16, frames], LEFT_CONTEXT (frames of context) and RIGHT_CONTEXT (0 or 1 frame of lookahead).
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ class ReferenceChunkWindows(CodecWindows):
     def plan(self, schedule, emitted: int, generated: int, finished: bool, context: int):
         """Windows of :func:`.window_plan.plan_window` (the talker sends no context frames)."""
         return plan_window(emitted, generated, finished, schedule.initial_chunk_frames, schedule.chunk_frames,
-                           schedule.left_context_frames)
+                           schedule.left_context_frames, size=schedule.chunk_size(emitted))
 
     def window(self, frames: list[np.ndarray], left_context: int, lookahead: int = 0) -> dict[str, np.ndarray]:
         out = super().window(frames, left_context)

@@ -15,13 +15,17 @@ REFERENCE_SEGMENT_CONTEXT_FRAMES = 25
 
 
 def plan_window(emitted: int, available: int, finished: bool, first_chunk: int, chunk: int,
-                max_context: int) -> tuple[int, int, int] | None:
+                max_context: int, size: int | None = None) -> tuple[int, int, int] | None:
     """The next window ``(start frame, end of new frames, lookahead frames)`` once ``available``
     frames exist and the audio of the first ``emitted`` was produced; None while it cannot be cut
-    yet (or nothing is left)."""
+    yet (or nothing is left). ``size``: the new frames the schedule wants here (a growing
+    schedule's chunk, :meth:`omni_backend.chunking.CodecChunkSchedule.chunk_size`), by default
+    ``first_chunk`` then ``chunk``."""
     segment_start = emitted - emitted % REFERENCE_SEGMENT_FRAMES
     segment_end = segment_start + REFERENCE_SEGMENT_FRAMES
-    end = min(emitted + (first_chunk if emitted == 0 else chunk), segment_end)
+    if size is None:
+        size = first_chunk if emitted == 0 else chunk
+    end = min(emitted + size, segment_end)
     if finished:
         end = min(end, available)
         if end <= emitted:
