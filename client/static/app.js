@@ -395,15 +395,98 @@ function base64Bytes(data) {
   return bytes;
 }
 
+// Attachments of the next message: a recording from the microphone (encoded here as 16-bit WAV,
+// OpenAI's input_audio part) and images (data URLs, image_url parts); sent before the text.
+chat.attachments = [];
+let recorder = null;
+
+function showAttachments() {
+  const box = $("chat-attachments");
+  box.replaceChildren(...chat.attachments.map((a) => {
+    const chip = document.createElement("span");
+    chip.textContent = a.label;
+    return chip;
+  }));
+}
+
+function wavBytes(chunks, rate) {
+  const samples = chunks.reduce((n, c) => n + c.length, 0);
+  const view = new DataView(new ArrayBuffer(44 + 2 * samples));
+  const text = (at, s) => { for (let i = 0; i < s.length; i++) view.setUint8(at + i, s.charCodeAt(i)); };
+  text(0, "RIFF"); view.setUint32(4, 36 + 2 * samples, true); text(8, "WAVEfmt ");
+  view.setUint32(16, 16, true); view.setUint16(20, 1, true); view.setUint16(22, 1, true);
+  view.setUint32(24, rate, true); view.setUint32(28, 2 * rate, true); view.setUint16(32, 2, true);
+  view.setUint16(34, 16, true); text(36, "data"); view.setUint32(40, 2 * samples, true);
+  let at = 44;
+  for (const chunk of chunks) {
+    for (const x of chunk) { view.setInt16(at, Math.max(-1, Math.min(1, x)) * 32767, true); at += 2; }
+  }
+  return new Uint8Array(view.buffer);
+}
+
+function bytesBase64(bytes) {
+  let raw = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) raw += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(raw);
+}
+
+async function chatRecord() {
+  if (recorder) {   // second press: stop and attach
+    const { context, stream, chunks, started } = recorder;
+    recorder = null;
+    stream.getTracks().forEach((t) => t.stop());
+    await context.close();
+    $("chat-record").classList.remove("recording");
+    $("chat-record").textContent = "Record";
+    const seconds = (performance.now() - started) / 1000;
+    chat.attachments.push({ label: `recording ${seconds.toFixed(1)} s`,
+                            part: { type: "input_audio", input_audio: { data: bytesBase64(wavBytes(chunks, context.sampleRate)), format: "wav" } } });
+    showAttachments();
+    return;
+  }
+  try {
+    const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+    const context = new AudioContext();
+    const source = context.createMediaStreamSource(stream);
+    const tap = context.createScriptProcessor(4096, 1, 1);
+    const chunks = [];
+    tap.onaudioprocess = (e) => chunks.push(new Float32Array(e.inputBuffer.getChannelData(0)));
+    source.connect(tap);
+    tap.connect(context.destination);
+    recorder = { context, stream, chunks, started: performance.now() };
+    $("chat-record").classList.add("recording");
+    $("chat-record").textContent = "Stop recording";
+  } catch (e) {
+    chatStatus(`microphone: ${e.message}`, true);
+  }
+}
+
+function chatImage(event) {
+  const file = event.target.files[0];
+  if (!file) return;
+  const reader = new FileReader();
+  reader.onload = () => {
+    chat.attachments.push({ label: `image ${file.name}`, part: { type: "image_url", image_url: { url: reader.result } } });
+    showAttachments();
+    event.target.value = "";
+  };
+  reader.readAsDataURL(file);
+}
+
 async function chatSend() {
-  const content = $("chat-input").value;
-  if (!content.trim() || chat.phase === "streaming") return;
+  const typed = $("chat-input").value;
+  if ((!typed.trim() && !chat.attachments.length) || chat.phase === "streaming" || recorder) return;
   chatStop();
+  const parts = chat.attachments.map((a) => a.part);
+  const labels = chat.attachments.map((a) => `[${a.label}]`);
+  const content = parts.length ? [...parts, ...(typed.trim() ? [{ type: "text", text: typed }] : [])] : typed;
+  chat.attachments = [];
+  showAttachments();
   const speak = $("chat-speak").checked;
   Object.assign(chat, { error: null, answer: "", audioSeconds: 0, audioChunks: 0, firstTextMs: null,
                         firstAudioMs: null, totalMs: null });
   $("chat-input").value = "";
-  addTurn("user", content);
+  addTurn("user", [...labels, typed].filter((s) => s.trim()).join(" "));
   const bubble = addTurn("assistant", "…");
   const messages = [...chat.history, { role: "user", content }];
   setChatPhase("streaming");
@@ -486,6 +569,8 @@ function chatStop() {
 function chatClear() {
   chatStop();
   chat.history = [];
+  chat.attachments = [];
+  showAttachments();
   $("chat-log").replaceChildren();
   chatStatus("");
   setChatPhase("idle");
@@ -494,6 +579,8 @@ function chatClear() {
 $("chat-send").addEventListener("click", chatSend);
 $("chat-stop").addEventListener("click", chatStop);
 $("chat-clear").addEventListener("click", chatClear);
+$("chat-record").addEventListener("click", chatRecord);
+$("chat-image").addEventListener("change", chatImage);
 $("chat-input").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey) {
     event.preventDefault();

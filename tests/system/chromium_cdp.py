@@ -20,7 +20,9 @@ class Chromium:
 
     FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--autoplay-policy=no-user-gesture-required", "--remote-debugging-pipe"]
+             "--autoplay-policy=no-user-gesture-required", "--remote-debugging-pipe",
+             # a microphone that plays a test tone, granted without a prompt (the chat box records)
+             "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
 
     def __init__(self, executable: str = CHROMIUM):
         self.executable = executable

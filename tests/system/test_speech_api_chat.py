@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import shutil
+import time
 
 import httpx
 import numpy as np
@@ -394,5 +395,54 @@ def test_page_chat_box_holds_a_conversation(stack, tmp_path):
         assert [t["role"] for t in state["history"]] == ["user", "assistant"] * 2
         turns = browser.evaluate("[...document.querySelectorAll('#chat-log .turn')].map(t => t.textContent)")
         assert turns == [t["content"] for t in state["history"]]
+    finally:
+        browser.stop()
+
+
+def test_page_chat_box_sends_a_recording_and_an_image(stack, tmp_path):
+    """The page records from the microphone (Chromium's test tone) and attaches an image file: the
+    message goes as input_audio (WAV) and image_url (data URL) parts before the text, and the
+    answer streams as text and audio."""
+    import os
+
+    from PIL import Image
+
+    from tests.system.chromium_cdp import CHROMIUM, Chromium
+    from tests.system.test_speech_api_browser import wait_page
+
+    assert os.path.exists(CHROMIUM), "the page test needs Debian's chromium (apt-get install -y chromium)"
+    picture = tmp_path / "picture.png"
+    Image.new("RGB", (80, 48), (200, 40, 40)).save(picture)
+    browser = Chromium().start()
+    try:
+        browser.navigate(f"{stack[1].url}/")
+        wait_page(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
+        browser.evaluate(f"(() => {{ const m = document.getElementById('model'); m.value = {json.dumps(MODEL)};"
+                         " m.dispatchEvent(new Event('change')); })()")
+        wait_page(browser, "window.omniSpeech.mode === 'chat' && document.getElementById('voice').value", 5)
+        browser.click("#chat-record")
+        wait_page(browser, "document.getElementById('chat-record').classList.contains('recording')", 10)
+        time.sleep(1.2)
+        browser.click("#chat-record")
+        wait_page(browser, "window.omniSpeech.chat.attachments.length === 1", 10)
+        root = browser.call("DOM.getDocument", session=True)["root"]["nodeId"]
+        node = browser.call("DOM.querySelector", session=True, nodeId=root, selector="#chat-image")["nodeId"]
+        browser.call("DOM.setFileInputFiles", session=True, nodeId=node, files=[str(picture)])
+        wait_page(browser, "window.omniSpeech.chat.attachments.length === 2", 10)
+        browser.evaluate("document.getElementById('chat-input').value = 'What do you hear and see?'")
+        browser.click("#chat-send")
+        wait_page(browser, "window.omniSpeech.chat.history.length === 2 || window.omniSpeech.chat.phase === 'error'", 90)
+        state = json.loads(browser.evaluate("JSON.stringify(window.omniSpeech.chat)"))
+        assert state["phase"] == "done", state["error"]
+        assert state["answer"] and state["audioSeconds"] > 0.1
+        kinds = [part["type"] for part in state["history"][0]["content"]]
+        assert kinds == ["input_audio", "image_url", "text"]
+        recording = base64.b64decode(state["history"][0]["content"][0]["input_audio"]["data"])
+        samples, rate = sf.read(io.BytesIO(recording), dtype="float32")
+        assert samples.size / rate > 0.5 and float(np.abs(samples).max()) > 0.01   # the tone was heard
+        assert state["history"][0]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
+        turns = browser.evaluate("[...document.querySelectorAll('#chat-log .turn')].map(t => t.textContent)")
+        assert turns[0].startswith("[recording ") and "[image picture.png]" in turns[0]
+        browser.screenshot(tmp_path / "chat_media.png")
     finally:
         browser.stop()
