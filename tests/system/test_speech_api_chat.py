@@ -367,6 +367,17 @@ def test_hang_up_before_the_audio_frees_the_stream(stack):
     hang_up(*stack, "omni-chat-hang-up-text", until="transcript")
 
 
+def _open_chat(browser, url: str) -> None:
+    """The page, with the chat model chosen and its chat box shown."""
+    from tests.system.test_speech_api_browser import wait_page
+
+    browser.navigate(f"{url}/")
+    wait_page(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
+    browser.evaluate(f"(() => {{ const m = document.getElementById('model'); m.value = {json.dumps(MODEL)};"
+                     " m.dispatchEvent(new Event('change')); })()")
+    wait_page(browser, "window.omniSpeech.mode === 'chat' && document.getElementById('voice').value", 5)
+
+
 def test_page_chat_box_holds_a_conversation(stack, tmp_path):
     """Two turns in the page's chat box (headless Chromium): the second is sent with the first
     as its history, and both answers stream as text and play as audio."""
@@ -378,11 +389,7 @@ def test_page_chat_box_holds_a_conversation(stack, tmp_path):
     assert os.path.exists(CHROMIUM), "the page test needs Debian's chromium (apt-get install -y chromium)"
     browser = Chromium().start()
     try:
-        browser.navigate(f"{stack[1].url}/")
-        wait_page(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
-        browser.evaluate(f"(() => {{ const m = document.getElementById('model'); m.value = {json.dumps(MODEL)};"
-                         " m.dispatchEvent(new Event('change')); })()")
-        wait_page(browser, "window.omniSpeech.mode === 'chat' && document.getElementById('voice').value", 5)
+        _open_chat(browser, stack[1].url)
         for n, said in enumerate(("Hello there.", "And then?"), 1):
             browser.evaluate(f"document.getElementById('chat-input').value = {json.dumps(said)}")
             browser.click("#chat-send")
@@ -415,11 +422,7 @@ def test_page_chat_box_sends_a_recording_and_an_image(stack, tmp_path):
     Image.new("RGB", (80, 48), (200, 40, 40)).save(picture)
     browser = Chromium().start()
     try:
-        browser.navigate(f"{stack[1].url}/")
-        wait_page(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
-        browser.evaluate(f"(() => {{ const m = document.getElementById('model'); m.value = {json.dumps(MODEL)};"
-                         " m.dispatchEvent(new Event('change')); })()")
-        wait_page(browser, "window.omniSpeech.mode === 'chat' && document.getElementById('voice').value", 5)
+        _open_chat(browser, stack[1].url)
         browser.click("#chat-record")
         wait_page(browser, "document.getElementById('chat-record').classList.contains('recording')", 10)
         time.sleep(1.2)

@@ -42,6 +42,7 @@ __all__ = [
     "attention_forward",
     "mlp_forward",
     "text_positions",
+    "rotate_half",
 ]
 
 
@@ -52,7 +53,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -134,8 +135,8 @@ def attention_forward(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: 
     k = rms_norm(attn.k_proj(x).view(shape), attn.k_norm.weight, attn.k_norm.variance_epsilon).transpose(1, 2)
     v = attn.v_proj(x).view(shape).transpose(1, 2)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    q = (q * cos) + (_rotate_half(q) * sin)
-    k = (k * cos) + (_rotate_half(k) * sin)
+    q = (q * cos) + (rotate_half(q) * sin)
+    k = (k * cos) + (rotate_half(k) * sin)
     if cache is not None:
         k, v = cache.update(layer, k, v)
     extra = {"enable_gqa": True} if attn.num_heads != attn.num_kv_heads else {}

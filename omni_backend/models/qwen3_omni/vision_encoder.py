@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import VisionConfig
+from .layers import rotate_half
 
 __all__ = ["VisionEncoder", "VisionOutput"]
 
@@ -27,11 +28,6 @@ __all__ = ["VisionEncoder", "VisionOutput"]
 def _gelu(name: str):
     approximate = "tanh" if name == "gelu_pytorch_tanh" else "none"
     return lambda x: F.gelu(x, approximate=approximate)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class PatchEmbed(nn.Module):
@@ -61,8 +57,8 @@ class VisionAttention(nn.Module):
         dtype = q.dtype
         q, k = q.float(), k.float()
         cos, sin = cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float()
-        q = ((q * cos) + (_rotate_half(q) * sin)).to(dtype)
-        k = ((k * cos) + (_rotate_half(k) * sin)).to(dtype)
+        q = ((q * cos) + (rotate_half(q) * sin)).to(dtype)
+        k = ((k * cos) + (rotate_half(k) * sin)).to(dtype)
         q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         outputs = []
         for qw, kw, vw in zip(*(torch.split(t, lengths, dim=2) for t in (q, k, v))):
