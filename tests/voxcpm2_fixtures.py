@@ -4,7 +4,7 @@ one run of the reference (``voxcpm`` 2.0.3 in ``.venv-voxcpm-oracle``, by subpro
 Session-scoped fixtures:
 
     voxcpm2_checkpoints   {shape: Path} for "tiny", "tiny2", "tiny3"
-    voxcpm2_recording     a 16-kHz wav (a seeded sweep with noise): the cloning prompt's recording
+    voxcpm2_recording     a 1.2-s 16-kHz wav (a seeded sweep with noise): the cloning recording
     voxcpm2_jobs          VOXCPM2_JOBS with the recording's path filled in
     voxcpm2_reference     {shape: {"checkpoint": Path, "meta": {...}, "jobs": {id: {summary + arrays}}}}
 
@@ -60,7 +60,7 @@ def require_voxcpm2_oracle() -> None:
     pytest.skip(message)
 
 
-def recording_samples(seconds: float = 0.5, rate: int = 16000) -> np.ndarray:
+def recording_samples(seconds: float = 1.2, rate: int = 16000) -> np.ndarray:
     t = np.arange(int(seconds * rate)) / rate
     rng = np.random.default_rng(0)
     return (0.3 * np.sin(2 * np.pi * 220 * t * (1 + t)) + 0.02 * rng.standard_normal(t.size)).astype(np.float32)

@@ -33,8 +33,10 @@ def generate_latents(model: VoxCPM2, prompt: Prompt, seed: int = 0, min_len: int
     dtype = next(model.parameters()).dtype
     limit = max_patches(prompt, max_len)
     n = len(prompt)
-    lm_cache = StaticKVCache(model.config.lm_config, 1, n + limit + 1, dev, dtype)
-    res_cache = StaticKVCache(model.config.residual_lm(), 1, n + limit + 1, dev, dtype)
+    # the reference's static cache length: attention over the same masked length sums alike
+    length = max(model.config.max_length, n + limit + 1)
+    lm_cache = StaticKVCache(model.config.lm_config, 1, length, dev, dtype)
+    res_cache = StaticKVCache(model.config.residual_lm(), 1, length, dev, dtype)
     state, lm_kv, res_kv = model.prefill(prompt.text_token[None].to(dev), prompt.text_mask[None].to(dev),
                                          prompt.feat[None].to(dev, dtype), prompt.feat_mask[None].to(dev))
     lm_cache.fill(0, lm_kv)
