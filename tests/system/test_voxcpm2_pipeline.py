@@ -120,3 +120,42 @@ def test_bad_params_are_invalid_request(voxcpm2_server, params, field):
     with pytest.raises(TritonStreamError) as e:
         synthesize(voxcpm2_server.grpc_url, BUILTIN, "Bad input.", params)
     assert str(e.value).startswith(f"invalid_request: {field}:"), str(e.value)
+
+
+@pytest.fixture(scope="module")
+def voxcpm2_shim(voxcpm2_server, tmp_path_factory):
+    from client.speech_api.process import ShimProcess
+
+    shim = ShimProcess([voxcpm2_server.grpc_url], log_path=tmp_path_factory.mktemp("voxcpm2-shim") / "shim.log")
+    shim.start()
+    try:
+        yield shim
+    finally:
+        shim.stop()
+
+
+def test_speech_api_speaks_and_clones(voxcpm2_shim, voxcpm2_server, voxcpm2_jobs):
+    """The OpenAI SDK through the speech API: the model's catalog (no preset voices, clones), and a
+    cloning request (a stock voice name, ``seed``, ``ref_audio``, ``ref_text``) that equals the same
+    request sent to Triton directly. (The speech API's body takes a fixed set of extension fields:
+    ``cfg_value`` and the other VoxCPM2 knobs reach Triton directly only.)"""
+    import io
+
+    import httpx
+    import openai
+    import soundfile as sf
+
+    info = httpx.get(f"{voxcpm2_shim.url}/v1/models/{BUILTIN}", timeout=30).json()
+    assert info.get("clones_voices") is True and not info.get("voices")
+    client = openai.OpenAI(base_url=f"{voxcpm2_shim.url}/v1", api_key="not-needed", max_retries=0, timeout=120)
+    job = next(j for j in voxcpm2_jobs if j["id"] == "clone_en")
+    params = {k: v for k, v in _params(job).items() if k in ("seed", "ref_audio", "ref_text")}
+    wav = client.audio.speech.create(model=BUILTIN, voice="alloy", input=job["text"], response_format="wav",
+                                     extra_body=params).read()
+    audio, rate = sf.read(io.BytesIO(wav), dtype="float32")
+    direct = synthesize(voxcpm2_server.grpc_url, BUILTIN, job["text"], params).audio
+    assert rate == 48000 and audio.shape == direct.shape
+    np.testing.assert_allclose(audio, direct, atol=2 / 32768)   # 16-bit PCM in the wav (its scaling and rounding)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.speech.create(model=BUILTIN, voice="alloy", input="Bad.", extra_body={"ref_text": "alone"})
+    assert "ref_text" in str(e.value)
