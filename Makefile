@@ -12,7 +12,7 @@ SHIM_PORT ?= 8080
 REPO ?= model_repository
 PYTEST_ARGS ?=
 
-.PHONY: serve test setup debs venv vllm oracle omni-oracle repository check clean
+.PHONY: serve test setup debs venv vllm oracle omni-oracle voxcpm-oracle repository check clean
 
 setup: debs venv vllm
 
@@ -48,6 +48,10 @@ oracle: venv
 omni-oracle:
 	bash tests/oracle/omni_install.sh
 
+# voxcpm 2.0.3 (the VoxCPM2 reference) in its own venv, without its web-UI and ASR dependencies
+voxcpm-oracle:
+	bash tests/oracle/voxcpm_install.sh
+
 repository: venv
 	$(PY) -m ensemble_builder build --all --out $(REPO)
 
@@ -58,8 +62,8 @@ serve: setup
 	$(PY) -m client.serve --model-repository $(REPO) --http-port $(HTTP_PORT) \
 	  --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --shim-port $(SHIM_PORT)
 
-test: setup oracle omni-oracle
+test: setup oracle omni-oracle voxcpm-oracle
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-oracle .venv-omni-oracle .venv-vllm .cache
+	rm -rf $(VENV) .venv-oracle .venv-omni-oracle .venv-voxcpm-oracle .venv-vllm .cache

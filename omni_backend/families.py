@@ -22,6 +22,7 @@ BUILTIN_FAMILIES = (
     "omni_backend.models.qwen3_tts.family",
     "omni_backend.models.orpheus.family",
     "omni_backend.models.qwen3_omni.family",
+    "omni_backend.models.voxcpm2.family",
 )
 
 _PIPELINES: dict[str, PipelineConfig] = {}

@@ -6,6 +6,8 @@
     .venv/bin/python perf/bench.py --pipeline qwen3_tts --model /path/to/checkpoint --concurrency 1,4,8,16
     .venv/bin/python perf/bench.py --pipeline orpheus_tiny_random --engine vllm,torch --concurrency 1,4,8,16
     .venv/bin/python perf/bench.py --pipeline qwen3_omni_tiny_random --concurrency 1,4,8 --reference
+    .venv/bin/python perf/bench.py --pipeline voxcpm2_tiny_random --concurrency 1,4,8,16 --rates 1,2,4 \
+        --deploy deploy/voxcpm2_tiny_random.batched.yaml
 
 For each concurrency c, c clients stream requests back to back over gRPC (tritonclient) from a
 fixed set of texts; with `--rate R1,R2`, requests instead arrive as a Poisson process of R
@@ -25,7 +27,9 @@ For Orpheus each engine in `--engine` is served in turn (the deploy's stage 0 sw
 the LM's tokens/s is set against plain vLLM `LLM.generate` on the same checkpoint with the
 worker's engine arguments (perf/vllm_generate.py, in .venv-vllm): served / plain is our overhead.
 For Qwen3-Omni (perf/omni_bench.py) the table adds the time to the first text delta, and
-`--reference` times transformers' `generate()` on the same turns.
+`--reference` times transformers' `generate()` on the same turns. For VoxCPM2 (perf/voxcpm2_bench.py)
+`--rates` adds open-loop arrival rates, and the reference's own streaming generator is timed in the
+same run.
 The server's start-up time and resident memory (server + stub processes) are reported too.
 Results are printed and appended to perf/RESULTS.md as a markdown table.
 """
@@ -320,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=280, help="LM tokens per Orpheus request (random weights never "
                                                             "stop); Qwen3-Omni: the thinker's answer limit")
     ap.add_argument("--reference-threads", type=int, default=2, help="qwen3_omni: threads of the reference process")
+    ap.add_argument("--rates", default="", help="voxcpm2: arrival rates (requests/s), e.g. 1,2,4")
+    ap.add_argument("--rate-requests", type=int, default=8, help="voxcpm2: requests per rate level")
+    ap.add_argument("--patches", type=int, default=24, help="voxcpm2: LM steps per request at most")
     ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -333,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     deploy_path = args.deploy or str(default_deploy_path(pipeline.default_deploy))
     if pipeline.family == "orpheus":
         return orpheus_bench(args, argv, pipeline, deploy_path, levels)
+    if pipeline.family == "voxcpm2":
+        from perf.voxcpm2_bench import voxcpm2_bench
+
+        return voxcpm2_bench(args, argv, pipeline, deploy_path, levels)
     if pipeline.family == "qwen3_omni":
         from perf.omni_bench import omni_bench
 

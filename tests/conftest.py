@@ -20,6 +20,7 @@ if (ROOT / "tests" / "orpheus_fixtures.py").exists():
 # registered once here: a session fixture imported into several test modules is a fixture of each
 # module, and its reference runs would be made once per module
 pytest_plugins.append("tests.qwen3_omni_fixtures")
+pytest_plugins.append("tests.voxcpm2_fixtures")
 
 
 @pytest.fixture(scope="session", autouse=True)

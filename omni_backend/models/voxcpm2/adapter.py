@@ -1,0 +1,46 @@
+"""Request fields of VoxCPM2, as the reference's ``generate``: ``cfg_value``,
+``inference_timesteps``, ``min_len`` / ``max_len`` (patches), ``seed`` (the diffusion noise), and
+voice cloning from a recording ``ref_audio`` with its transcript ``ref_text`` (the reference's
+continuation prompt: the transcript before the text, the recording's latents after it)."""
+from __future__ import annotations
+
+from typing import Any
+
+from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter
+from omni_backend.errors import InvalidRequest
+
+REF_AUDIO_MAX_BYTES = 10 * 1024 * 1024
+REF_AUDIO_MAX_CHARS = REF_AUDIO_MAX_BYTES * 4 // 3 + 256   # base64 of 10 MiB plus a data-URL header
+# the reference's defaults (VoxCPM2Model.generate); seed: the noise of request 0 unless given
+DEFAULTS = {"cfg_value": 2.0, "inference_timesteps": 10, "min_len": 2, "max_len": 2000, "seed": 0}
+
+
+class VoxCPM2Adapter(TTSAdapter):
+    max_params_bytes = REF_AUDIO_MAX_CHARS + MAX_PARAMS_BYTES
+    params = (
+        Param("cfg_value", float, default=DEFAULTS["cfg_value"], lo=0.0, hi=10.0,
+              help="classifier-free guidance of the diffusion head"),
+        Param("inference_timesteps", int, default=DEFAULTS["inference_timesteps"], lo=1, hi=100,
+              help="flow-matching solver steps per patch"),
+        Param("min_len", int, default=DEFAULTS["min_len"], lo=0, hi=4096,
+              help="patches before the stop head may end the speech"),
+        Param("max_len", int, default=DEFAULTS["max_len"], lo=1, hi=4096,
+              help="patch limit (also at most 6 per text token + 10, as the reference)"),
+        Param("seed", int, default=DEFAULTS["seed"], lo=0, hi=2**63 - 1, help="seed of the diffusion noise"),
+        Param("ref_audio", str, max_len=REF_AUDIO_MAX_CHARS,
+              help="voice to clone: data URL or base64 of wav/flac/mp3 (1-30 s, <= 10 MiB); needs ref_text"),
+        Param("ref_text", str, max_len=4096, help="the transcript of ref_audio"),
+    )
+
+    def check(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
+        if params.get("ref_audio") is not None:
+            if not (params.get("ref_text") or "").strip():
+                raise InvalidRequest("ref_text", "required with ref_audio (its transcript)")
+            from omni_backend.models.qwen3_tts.voice_clone import decode_reference_audio
+
+            decode_reference_audio(params["ref_audio"], "ref_audio")   # readable, within limits
+        elif params.get("ref_text") is not None:
+            raise InvalidRequest("ref_text", "only with ref_audio (the recording it transcribes)")
+        if params["min_len"] >= params["max_len"]:
+            raise InvalidRequest("min_len", f"must be below max_len ({params['max_len']})")
+        return params

@@ -1,0 +1,28 @@
+"""Text -> token ids as the reference: the checkpoint's Llama-style fast tokenizer
+(``tokenizer.json``) without special tokens, each token made of two or more Chinese characters
+split into its characters (``voxcpm``'s ``mask_multichar_chinese_tokens``)."""
+from __future__ import annotations
+
+import os
+
+from tokenizers import Tokenizer
+
+
+def _is_multichar_chinese(token: str) -> bool:
+    return len(token) >= 2 and all("\u4e00" <= c <= "\u9fff" for c in token)
+
+
+class TextTokenizer:
+    def __init__(self, path: str):
+        self._tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+        self._unk = self._tok.token_to_id("<unk>")
+
+    def __call__(self, text: str) -> list[int]:
+        ids = []
+        for token in self._tok.encode(text, add_special_tokens=False).tokens:
+            clean = token.replace("▁", "")
+            pieces = list(clean) if _is_multichar_chinese(clean) else [token]
+            for piece in pieces:
+                i = self._tok.token_to_id(piece)
+                ids.append(self._unk if i is None else i)
+        return ids

@@ -1,0 +1,161 @@
+"""VoxCPM2 (form C: the LM's every step runs a diffusion side module -> AudioVAE) served by a
+real tritonserver.
+
+One server hosts two builds: ``voxcpm2_tiny_random`` (the built-in random checkpoint, the writer's
+``tiny`` shape) and ``voxcpm2`` on the ``tiny2`` checkpoint, both on CPU. With the same seed the
+served audio of each job (English, Chinese, long, mixed, two cloning from ``ref_audio`` +
+``ref_text``) equals the reference's (voxcpm 2.0.3's non-streaming ``generate``) within 1e-4; 8
+concurrent requests equal their solo runs; bad values are refused with ``invalid_request``
+naming the field; a recording is encoded once.
+"""
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.triton_process import TritonProcess
+from client.triton_stream import TritonStreamError, synthesize
+from tests.metrics_scrape import metric
+from tests.voxcpm2_fixtures import WAVEFORM_ATOL
+
+pytestmark = pytest.mark.system
+ROOT = Path(__file__).resolve().parents[2]
+BUILTIN, BUILT = "voxcpm2_tiny_random", "voxcpm2"
+DEPLOY = """pipeline: voxcpm2
+async_chunk:
+  initial_chunk_frames: 1
+  chunk_frames: 3
+  left_context_frames: 24
+stages:
+  - stage_id: 0
+    device: cpu
+    threads: 1
+    max_num_seqs: 8
+    max_model_len: 1024
+  - stage_id: 1
+    device: cpu
+    threads: 1
+    max_batch_size: 8
+"""
+
+
+@pytest.fixture(scope="module")
+def voxcpm2_server(voxcpm2_checkpoints, tmp_path_factory):
+    work = tmp_path_factory.mktemp("voxcpm2-served")
+    repo = work / "repository"
+    (work / "voxcpm2.yaml").write_text(DEPLOY)
+    builds = [["--pipeline", BUILTIN],
+              ["--pipeline", BUILT, "--model", str(voxcpm2_checkpoints["tiny2"]), "--deploy", str(work / "voxcpm2.yaml")]]
+    for args in builds:
+        subprocess.run([sys.executable, "-m", "ensemble_builder", "build", *args, "--out", str(repo)], check=True,
+                       cwd=ROOT, capture_output=True)
+    server = TritonProcess(repo, log_path=work / "tritonserver.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _params(job: dict) -> dict:
+    params = {k: job[k] for k in ("seed", "cfg_value", "inference_timesteps", "min_len", "max_len") if k in job}
+    if job.get("prompt_wav"):
+        params["ref_audio"] = "data:audio/wav;base64," + base64.b64encode(Path(job["prompt_wav"]).read_bytes()).decode()
+        params["ref_text"] = job["prompt_text"]
+    return params
+
+
+@pytest.mark.parametrize("pipeline,shape", [(BUILTIN, "tiny"), (BUILT, "tiny2")])
+def test_served_audio_equals_reference(voxcpm2_server, voxcpm2_reference, voxcpm2_jobs, pipeline, shape):
+    for job in voxcpm2_jobs:
+        want = voxcpm2_reference[shape]["jobs"][job["id"]]["waveform"]
+        result = synthesize(voxcpm2_server.grpc_url, pipeline, job["text"], _params(job))
+        assert result.sample_rate == 48000
+        assert result.audio.shape == want.shape, job["id"]
+        np.testing.assert_allclose(result.audio, want, atol=WAVEFORM_ATOL, rtol=0, err_msg=f"{shape}/{job['id']}")
+        assert len(result.chunks) > 1, job["id"]         # streamed in windows, not at the end
+
+
+def test_concurrent_requests_equal_solo(voxcpm2_server):
+    texts = [f"Concurrent request number {i}, with its own words." for i in range(8)]
+    params = [{"seed": 100 + i, "min_len": 4 + i, "inference_timesteps": (4, 6)[i % 2]} for i in range(8)]
+    solo = [synthesize(voxcpm2_server.grpc_url, BUILTIN, t, p).audio for t, p in zip(texts, params)]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda tp: synthesize(voxcpm2_server.grpc_url, BUILTIN, *tp).audio,
+                                 zip(texts, params)))
+    for i, (a, b) in enumerate(zip(solo, together)):
+        assert a.size > 0
+        np.testing.assert_array_equal(a, b, err_msg=f"request {i}")
+
+
+def test_a_recording_is_encoded_once(voxcpm2_server, voxcpm2_jobs):
+    job = next(j for j in voxcpm2_jobs if j.get("prompt_wav"))
+    params = {**_params(job), "ref_text": "another transcript."}
+    before = metric(voxcpm2_server.metrics_url, "omni_voice_encodings_total", model=f"{BUILTIN}__lm") or 0
+    a = synthesize(voxcpm2_server.grpc_url, BUILTIN, "Once.", {**params, "seed": 9}).audio
+    b = synthesize(voxcpm2_server.grpc_url, BUILTIN, "Once.", {**params, "seed": 9}).audio
+    after = metric(voxcpm2_server.metrics_url, "omni_voice_encodings_total", model=f"{BUILTIN}__lm")
+    np.testing.assert_array_equal(a, b)
+    assert after - before <= 1      # the other test may have encoded it already
+
+
+@pytest.mark.parametrize("params,field", [
+    ({"cfg_value": -1}, "cfg_value"),
+    ({"inference_timesteps": 0}, "inference_timesteps"),
+    ({"inference_timesteps": 2.5}, "inference_timesteps"),
+    ({"max_len": 0}, "max_len"),
+    ({"min_len": 10, "max_len": 5}, "min_len"),
+    ({"seed": -3}, "seed"),
+    ({"ref_audio": "bm90IGF1ZGlv", "ref_text": "x"}, "ref_audio"),
+    ({"ref_text": "a transcript alone"}, "ref_text"),
+    ({"voice": "heart"}, "voice"),
+])
+def test_bad_params_are_invalid_request(voxcpm2_server, params, field):
+    with pytest.raises(TritonStreamError) as e:
+        synthesize(voxcpm2_server.grpc_url, BUILTIN, "Bad input.", params)
+    assert str(e.value).startswith(f"invalid_request: {field}:"), str(e.value)
+
+
+@pytest.fixture(scope="module")
+def voxcpm2_shim(voxcpm2_server, tmp_path_factory):
+    from client.speech_api.process import ShimProcess
+
+    shim = ShimProcess([voxcpm2_server.grpc_url], log_path=tmp_path_factory.mktemp("voxcpm2-shim") / "shim.log")
+    shim.start()
+    try:
+        yield shim
+    finally:
+        shim.stop()
+
+
+def test_speech_api_speaks_and_clones(voxcpm2_shim, voxcpm2_server, voxcpm2_jobs):
+    """The OpenAI SDK through the speech API: the model's catalog (no preset voices, clones), and a
+    cloning request (a stock voice name, ``seed``, ``ref_audio``, ``ref_text``) that equals the same
+    request sent to Triton directly. (The speech API's body takes a fixed set of extension fields:
+    ``cfg_value`` and the other VoxCPM2 knobs reach Triton directly only.)"""
+    import io
+
+    import httpx
+    import openai
+    import soundfile as sf
+
+    info = httpx.get(f"{voxcpm2_shim.url}/v1/models/{BUILTIN}", timeout=30).json()
+    assert info.get("clones_voices") is True and not info.get("voices")
+    client = openai.OpenAI(base_url=f"{voxcpm2_shim.url}/v1", api_key="not-needed", max_retries=0, timeout=120)
+    job = next(j for j in voxcpm2_jobs if j["id"] == "clone_en")
+    params = {k: v for k, v in _params(job).items() if k in ("seed", "ref_audio", "ref_text")}
+    wav = client.audio.speech.create(model=BUILTIN, voice="alloy", input=job["text"], response_format="wav",
+                                     extra_body=params).read()
+    audio, rate = sf.read(io.BytesIO(wav), dtype="float32")
+    direct = synthesize(voxcpm2_server.grpc_url, BUILTIN, job["text"], params).audio
+    assert rate == 48000 and audio.shape == direct.shape
+    np.testing.assert_allclose(audio, direct, atol=2 / 32768)   # 16-bit PCM in the wav (its scaling and rounding)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.speech.create(model=BUILTIN, voice="alloy", input="Bad.", extra_body={"ref_text": "alone"})
+    assert "ref_text" in str(e.value)
