@@ -1,4 +1,5 @@
-"""The body of `POST /v1/audio/speech`: OpenAI's fields, our extensions, and their checks.
+"""The body of `POST /v1/audio/speech`: OpenAI's fields, our extensions, the model's own
+parameters (any other key its catalog lists, e.g. VoxCPM2's `cfg_value`), and their checks.
 
 Validation happens in two steps. `parse_speech_body` checks the shape every request must have
 (types, ranges, known field names) without knowing the model. `build_triton_params` then checks
@@ -54,6 +55,9 @@ class SpeechRequest:
     stream: bool = True
     instructions: str | None = None
     extensions: dict[str, Any] = field(default_factory=dict)
+    # other keys: parameters of the model's own (its catalog, GET /v1/models/{model}), checked
+    # once the model is known
+    model_params: dict[str, Any] = field(default_factory=dict)
 
 
 def _optional(body: dict, name: str) -> Any:
@@ -167,13 +171,12 @@ def parse_speech_body(body: Any) -> SpeechRequest:
     if not isinstance(body, dict):
         raise invalid_request(None, "The request body must be a JSON object")
     unknown = [k for k in body if k not in OPENAI_FIELDS + SHIM_FIELDS + EXTENSION_FIELDS]
-    if unknown:
-        allowed = ", ".join(OPENAI_FIELDS + SHIM_FIELDS + EXTENSION_FIELDS)
-        name = unknown[0]
-        if _FIELD_NAME.fullmatch(name):
-            raise invalid_request(name, f"{name}: unknown field; allowed: {allowed}", code="unknown_parameter")
-        # A key that is no name (a surrogate, 10 kB, spaces) is not echoed as `param`.
-        raise invalid_request(None, f"unknown field {shown(name)}; allowed: {allowed}", code="unknown_parameter")
+    for name in unknown:
+        if not _FIELD_NAME.fullmatch(name):
+            # A key that is no name (a surrogate, 10 kB, spaces) is not echoed as `param`.
+            allowed = ", ".join(OPENAI_FIELDS + SHIM_FIELDS + EXTENSION_FIELDS)
+            raise invalid_request(None, f"unknown field {shown(name)}; allowed: {allowed} and the model's "
+                                        "parameters", code="unknown_parameter")
     model = _string(body, "model", required=True)
     if not model.strip():
         raise invalid_request("model", "model: is empty")
@@ -210,6 +213,7 @@ def parse_speech_body(body: Any) -> SpeechRequest:
     if ref_audio is not None:
         ext["ref_audio"] = _ref_audio(ref_audio)
     req.extensions = {name: ext[name] for name in EXTENSION_FIELDS if name in ext}
+    req.model_params = {name: body[name] for name in unknown}
     return req
 
 
@@ -297,6 +301,18 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
             params["voice"] = req.voice
     elif not stock and not info.clones_voices:
         raise invalid_request("voice", f"voice: model '{info.name}' has no selectable voices")
+
+    for name, value in req.model_params.items():
+        if not info.known:   # pass-through: the model's own validation names it
+            params[name] = value
+            continue
+        taken = {"text", "speed", "instructions"} | ({info.voice_field.name} if info.voice_field else set())
+        if name not in info.fields or name in taken:
+            allowed = ", ".join(OPENAI_FIELDS + SHIM_FIELDS + EXTENSION_FIELDS
+                                + tuple(sorted(set(info.fields) - taken - set(EXTENSION_FIELDS))))
+            raise invalid_request(name, f"{name}: unknown field for model '{info.name}'; allowed: {allowed}",
+                                  code="unknown_parameter")
+        params[name] = _check_field(info, name, value)
 
     if req.instructions:
         if info.known and "instructions" in info.fields:
