@@ -1,0 +1,140 @@
+"""The throughput mode of Qwen3-Omni's thinker and talker (deploy option ``batch_mode: throughput``).
+
+The exact runners (:mod:`.thinker_runner`, :mod:`.talker_runner`) run each sequence alone in the
+reference's shapes, bit-exact whatever it is served with. These subclasses keep their prefill
+(alone, into the request's own cache, then copied into its slot of a static per-slot cache) and
+their token choice (per row, on the CPU, with the request's generator), and share the decode
+step's forward passes between the rows (:func:`~.batched_decode.decode_rows`):
+
+* thinker: one forward over all rows that draw a token;
+* talker: the code predictor's 2-token prefill and its 14 steps once for all rows (every row is at
+  the same predictor positions), then one talker forward over the rows that draw the next
+  codebook 0.
+
+A row's tokens then differ from solo only where floating-point order tips a near tie
+(``tests/unit/test_qwen3_omni_throughput.py`` measures the logits' distance and the greedy tokens).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from omni_backend.engine import Sequence, StepOutput
+
+from .batched_decode import decode_rows, slot_cache_for, store_prefill
+from .generate import Sampling
+from .layers import rms_norm, text_positions
+from .talker_runner import TalkerRunner
+from .thinker_runner import ThinkerRunner
+
+__all__ = ["ThroughputThinkerRunner", "ThroughputTalkerRunner", "BATCH_MODES", "runner_class_for"]
+
+BATCH_MODES = ("exact", "throughput")
+
+
+def _positions(lengths: list[int], device: torch.device) -> torch.Tensor:
+    """Text positions ``[3, B, 1]``: each row's next cache position (what the exact runners pass)."""
+    return torch.cat([text_positions(n, 1, device) for n in lengths], dim=1)
+
+
+class ThroughputThinkerRunner(ThinkerRunner):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.slots = slot_cache_for(self.thinker.model.layers, self.max_num_seqs, self.max_model_len)
+        self.lengths = [0] * self.max_num_seqs   # cache positions written per slot
+
+    def prefill(self, seq: Sequence) -> int:
+        token = super().prefill(seq)
+        self.lengths[seq.slot] = store_prefill(self.slots, seq.slot, seq.state.cache)
+        seq.state.cache = None   # the slot holds it now
+        return token
+
+    def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
+        last = [int(seq.state.ids[0, -1]) for seq in seqs]
+        rows = [seq for seq in seqs if seq.sample_next]
+        tokens: dict[int, int] = {}
+        if rows:
+            thinker, device = self.thinker, self.device
+            lengths = [self.lengths[seq.slot] for seq in rows]
+            ids = torch.cat([seq.state.ids[:, -1:] for seq in rows]).to(device)     # [B, 1]
+            hidden = thinker.embed(ids)
+            cos, sin = thinker.rotary(_positions(lengths, device), hidden.dtype)
+            slots = torch.tensor([seq.slot for seq in rows], device=device)
+            positions = torch.tensor(lengths, device=device)
+            hidden = decode_rows(thinker.model.layers, hidden, cos, sin, self.slots, slots, positions,
+                                 max(lengths) + 1)
+            norm = thinker.model.norm
+            logits = thinker.lm_head(rms_norm(hidden, norm.weight, norm.variance_epsilon))
+            for row, seq in enumerate(rows):
+                self.lengths[seq.slot] += 1
+                tokens[id(seq)] = self._choose(seq, logits[row:row + 1])
+        return [StepOutput(seq, [token], tokens.get(id(seq))) for seq, token in zip(seqs, last)]
+
+
+class ThroughputTalkerRunner(TalkerRunner):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.slots = slot_cache_for(self.talker.model.layers, self.max_num_seqs, self.max_model_len)
+        self.lengths = [0] * self.max_num_seqs
+
+    def prefill(self, seq: Sequence) -> int:
+        token = super().prefill(seq)
+        self.lengths[seq.slot] = store_prefill(self.slots, seq.slot, seq.state.cache)
+        seq.state.cache = None
+        return token
+
+    def _predictor_choice(self, seqs: list[Sequence]):
+        """The code predictor's token choice for all rows: one argmax when every row is greedy
+        (the reference's greedy predictor has no processors), else each row's own sampler."""
+        samplers: list[Sampling] = [seq.state.predictor for seq in seqs]
+        if all(not s.do_sample and s.repetition_penalty == 1.0 and not s.suppress for s in samplers):
+            return lambda _step, scores: torch.argmax(scores, dim=-1)
+
+        def choose(_step: int, scores: torch.Tensor) -> torch.Tensor:
+            cpu = scores.cpu()
+            picked = [s.choose(cpu[row:row + 1], None, seq.generator) for row, (s, seq) in
+                      enumerate(zip(samplers, seqs))]
+            return torch.cat(picked).to(self.device)
+        return choose
+
+    def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
+        talker, device = self.talker, self.device
+        states = [seq.state for seq in seqs]
+        first = torch.cat([st.pending for st in states])                            # [B]
+        first_embed = talker.embed_codec(first.view(-1, 1).to(device))              # [B, 1, H]
+        hidden = torch.cat([st.hidden for st in states])                            # [B, 1, H]
+        residual, residual_embeds = talker.code_predictor.predict(hidden, first_embed, self._predictor_choice(seqs))
+        residual = residual.tolist()
+        frames = [[int(first[row])] + residual[row] for row in range(len(seqs))]
+        next_rows = [row for row, seq in enumerate(seqs) if seq.sample_next]
+        tokens: dict[int, Optional[int]] = {}
+        if next_rows:
+            index = torch.tensor(next_rows, device=device)
+            embeds = torch.cat([first_embed] + residual_embeds, dim=1).sum(1, keepdim=True).index_select(0, index)
+            text = torch.cat([states[row].text.trailing.row(len(states[row].generated) - 1).reshape(1, 1, -1)
+                              for row in next_rows]).to(device, embeds.dtype)
+            embeds = embeds + text
+            lengths = [self.lengths[seqs[row].slot] for row in next_rows]
+            cos, sin = talker.rotary(_positions(lengths, device), embeds.dtype)
+            slots = torch.tensor([seqs[row].slot for row in next_rows], device=device)
+            out = decode_rows(talker.model.layers, embeds, cos, sin, self.slots, slots,
+                              torch.tensor(lengths, device=device), max(lengths) + 1)
+            norm = talker.model.norm
+            out = rms_norm(out, norm.weight, norm.variance_epsilon)
+            logits = talker.codec_head(out)
+            for j, row in enumerate(next_rows):
+                seq = seqs[row]
+                self.lengths[seq.slot] += 1
+                seq.state.hidden = out[j:j + 1]
+                tokens[row] = int(self._choose_first(seq, logits[j:j + 1]))
+        return [StepOutput(seq, frames[row], tokens.get(row)) for row, seq in enumerate(seqs)]
+
+
+def runner_class_for(stage: str, batch_mode: str) -> type:
+    """The runner class of ``stage`` (``thinker`` or ``talker``) in ``batch_mode``."""
+    if batch_mode not in BATCH_MODES:
+        raise ValueError(f"batch_mode: unknown value {batch_mode!r}; available: {', '.join(BATCH_MODES)}")
+    exact = {"thinker": ThinkerRunner, "talker": TalkerRunner}[stage]
+    return exact if batch_mode == "exact" else {"thinker": ThroughputThinkerRunner,
+                                                "talker": ThroughputTalkerRunner}[stage]
