@@ -81,7 +81,7 @@ class TalkerStage(StageModel):
         self.engine = AsyncEngine(create_talker_engine(
             self.talker, max_num_seqs=sd.max_num_seqs, max_model_len=sd.max_model_len, num_threads=sd.threads,
             max_prefills_per_step=sd.max_prefills_per_step, default_params=self.default_params,
-            max_input_wait_s=self.text_wait_s))
+            max_input_wait_s=self.text_wait_s, batch_mode=sd.options.get("batch_mode") or "exact"))
         self.feeds: dict[str, AnswerFeed] = {}
 
     def sampling_params(self, request: dict[str, Any]) -> SamplingParams:
