@@ -13,6 +13,12 @@ step's forward passes between the rows (:func:`~.batched_decode.decode_rows`):
 
 A row's tokens then differ from solo only where floating-point order tips a near tie
 (``tests/unit/test_qwen3_omni_throughput.py`` measures the logits' distance and the greedy tokens).
+
+On CUDA (or when asked, ``static_step=True``, which the CPU tests use) a decode step runs the
+static-buffer steps of :mod:`.graph_step` through
+:class:`~omni_backend.engine.cuda_graphs.GraphBuckets`: captured per batch-size bucket
+(``cuda_graph_sizes``) and attention-length bucket, replayed, or run eagerly with
+``enforce_eager``. Row ``b`` is slot ``b``; the rows up to the highest slot in use step together.
 """
 from __future__ import annotations
 
@@ -21,9 +27,12 @@ from typing import Optional
 import torch
 
 from omni_backend.engine import Sequence, StepOutput
+from omni_backend.engine.cuda_graphs import GraphBuckets
+from omni_backend.models.qwen3_tts.static_step import length_buckets
 
 from .batched_decode import decode_rows, slot_cache_for, store_prefill
 from .generate import Sampling
+from .graph_step import TalkerFrameStep, ThinkerDecodeStep, attention_length
 from .layers import rms_norm, text_positions
 from .talker_runner import TalkerRunner
 from .thinker_runner import ThinkerRunner
@@ -38,11 +47,55 @@ def _positions(lengths: list[int], device: torch.device) -> torch.Tensor:
     return torch.cat([text_positions(n, 1, device) for n in lengths], dim=1)
 
 
+class _StaticSteps:
+    """A graph step's buckets: batch sizes and attention lengths, captured on CUDA unless eager."""
+
+    def __init__(self, step, max_rows: int, max_len: int, device: torch.device, graph_sizes: list[int] | None,
+                 enforce_eager: bool) -> None:
+        self.lengths = length_buckets(max_len)
+        cuda = device.type == "cuda"
+        self.buckets = GraphBuckets(step.run, graph_sizes or [1, 2, 4, 8, 16], max_rows,
+                                    variants=[(length,) for length in self.lengths],
+                                    enabled=cuda and not enforce_eager, device=device if cuda else None)
+        self.buckets.capture()
+
+    def run(self, batch: int, furthest: int) -> int:
+        return self.buckets.run(batch, attention_length(self.lengths, furthest))
+
+
+def _use_static(device: torch.device, static_step: bool | None) -> bool:
+    return device.type == "cuda" if static_step is None else static_step
+
+
 class ThroughputThinkerRunner(ThinkerRunner):
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, graph_sizes: list[int] | None = None, enforce_eager: bool = False,
+                 static_step: bool | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.slots = slot_cache_for(self.thinker.model.layers, self.max_num_seqs, self.max_model_len)
         self.lengths = [0] * self.max_num_seqs   # cache positions written per slot
+        self.step = self.static = None
+        if _use_static(self.device, static_step):
+            self.step = ThinkerDecodeStep(self.thinker, self.slots, self.max_num_seqs)
+            self.static = _StaticSteps(self.step, self.max_num_seqs, self.max_model_len, self.device, graph_sizes,
+                                       enforce_eager)
+
+    def _decode_static(self, rows: list[Sequence]) -> dict[int, int]:
+        """The static step over slots ``0..max slot``; each row's token chosen from its logits."""
+        step, device = self.step, self.device
+        batch = max(seq.slot for seq in rows) + 1
+        ids = [0] * batch
+        for seq in rows:
+            ids[seq.slot] = int(seq.state.ids[0, -1])
+        # padding rows write at their slot's next free position: never over a running row's keys
+        positions = [min(n, self.max_model_len - 1) for n in self.lengths[:batch]]
+        step.ids[:batch].copy_(torch.tensor(ids), non_blocking=True)
+        step.positions[:batch].copy_(torch.tensor(positions), non_blocking=True)
+        self.static.run(batch, max(self.lengths[seq.slot] for seq in rows))
+        tokens = {}
+        for seq in rows:
+            self.lengths[seq.slot] += 1
+            tokens[id(seq)] = self._choose(seq, step.logits[seq.slot:seq.slot + 1].unsqueeze(1))
+        return tokens
 
     def prefill(self, seq: Sequence) -> int:
         token = super().prefill(seq)
@@ -54,7 +107,9 @@ class ThroughputThinkerRunner(ThinkerRunner):
         last = [int(seq.state.ids[0, -1]) for seq in seqs]
         rows = [seq for seq in seqs if seq.sample_next]
         tokens: dict[int, int] = {}
-        if rows:
+        if rows and self.step is not None:
+            tokens = self._decode_static(rows)
+        elif rows:
             thinker, device = self.thinker, self.device
             lengths = [self.lengths[seq.slot] for seq in rows]
             ids = torch.cat([seq.state.ids[:, -1:] for seq in rows]).to(device)     # [B, 1]
@@ -73,10 +128,49 @@ class ThroughputThinkerRunner(ThinkerRunner):
 
 
 class ThroughputTalkerRunner(TalkerRunner):
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, graph_sizes: list[int] | None = None, enforce_eager: bool = False,
+                 static_step: bool | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.slots = slot_cache_for(self.talker.model.layers, self.max_num_seqs, self.max_model_len)
         self.lengths = [0] * self.max_num_seqs
+        self.step = self.static = None
+        if _use_static(self.device, static_step):
+            self.step = TalkerFrameStep(self.talker, self.slots, self.max_num_seqs)
+            self.static = _StaticSteps(self.step, self.max_num_seqs, self.max_model_len, self.device, graph_sizes,
+                                       enforce_eager)
+
+    @staticmethod
+    def _greedy_predictor(seqs: list[Sequence]) -> bool:
+        return all(not s.do_sample and s.repetition_penalty == 1.0 and not s.suppress
+                   for s in (seq.state.predictor for seq in seqs))
+
+    def _decode_static(self, seqs: list[Sequence]) -> list[StepOutput]:
+        """The static frame step over slots ``0..max slot`` (greedy code predictor)."""
+        step, device = self.step, self.device
+        batch = max(seq.slot for seq in seqs) + 1
+        slots = [seq.slot for seq in seqs]
+        index = torch.tensor(slots, device=device)
+        pending = [0] * batch
+        for seq in seqs:
+            pending[seq.slot] = int(seq.state.pending)
+        positions = [min(n, self.max_model_len - 1) for n in self.lengths[:batch]]
+        step.pending[:batch].copy_(torch.tensor(pending), non_blocking=True)
+        step.positions[:batch].copy_(torch.tensor(positions), non_blocking=True)
+        step.hidden.index_copy_(0, index, torch.cat([seq.state.hidden for seq in seqs]).to(step.hidden.dtype))
+        texts = [seq.state.text.trailing.row(len(seq.state.generated) - 1).reshape(1, 1, -1) if seq.sample_next
+                 else torch.zeros_like(step.text[:1]) for seq in seqs]
+        step.text.index_copy_(0, index, torch.cat(texts).to(device, step.text.dtype))
+        self.static.run(batch, max(self.lengths[slot] for slot in slots))
+        codes = step.codes[:batch].cpu().tolist()
+        outputs = []
+        for seq in seqs:
+            token = None
+            if seq.sample_next:
+                self.lengths[seq.slot] += 1
+                seq.state.hidden = step.next_hidden[seq.slot:seq.slot + 1].clone()
+                token = int(self._choose_first(seq, step.logits[seq.slot:seq.slot + 1].unsqueeze(1)))
+            outputs.append(StepOutput(seq, codes[seq.slot], token))
+        return outputs
 
     def prefill(self, seq: Sequence) -> int:
         token = super().prefill(seq)
@@ -88,7 +182,7 @@ class ThroughputTalkerRunner(TalkerRunner):
         """The code predictor's token choice for all rows: one argmax when every row is greedy
         (the reference's greedy predictor has no processors), else each row's own sampler."""
         samplers: list[Sampling] = [seq.state.predictor for seq in seqs]
-        if all(not s.do_sample and s.repetition_penalty == 1.0 and not s.suppress for s in samplers):
+        if self._greedy_predictor(seqs):
             return lambda _step, scores: torch.argmax(scores, dim=-1)
 
         def choose(_step: int, scores: torch.Tensor) -> torch.Tensor:
@@ -99,6 +193,8 @@ class ThroughputTalkerRunner(TalkerRunner):
         return choose
 
     def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
+        if self.step is not None and self._greedy_predictor(seqs):
+            return self._decode_static(seqs)
         talker, device = self.talker, self.device
         states = [seq.state for seq in seqs]
         first = torch.cat([st.pending for st in states])                            # [B]
