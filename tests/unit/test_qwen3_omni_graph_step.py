@@ -50,8 +50,8 @@ def test_talker_frame_step_has_no_host_reads(released):
     with META:
         talker = Talker(released.talker).to(torch.bfloat16)
     step = TalkerFrameStep(talker, slot_cache_for(talker.model.layers, 4, 4096), rows=4)
-    for batch, length in ((1, 256), (4, 2048)):
-        step.run(batch, length)
+    for batch, length, sample in ((1, 256, False), (4, 2048, True), (3, 256, True)):
+        step.run(batch, length, sample)
     assert step.codes.device == META and step.codes.shape == (4, 16)
     assert step.next_hidden.shape == (4, 1, released.talker.text.hidden_size)
 
@@ -119,3 +119,43 @@ def test_static_steps_equal_the_eager_throughput_path(qwen3_omni_checkpoints, qw
             assert len(logs_static[rid]) == len(steps)
             gap = max(float((a - b).abs().max()) for a, b in zip(steps, logs_static[rid]))
             assert gap <= EAGER_TOLERANCE, (rid, gap)
+
+
+def _talker_frames(checkpoint, embedding, jobs: list[dict], answers: dict, sample: bool = True) -> dict:
+    """Each job's frames through the static frame step; sampled (seeded: job ``i`` seed 1000 + i;
+    the code predictor's top-k 50 / top-p 0.8) or greedy."""
+    talker = create_talker_engine(checkpoint.talker, max_num_seqs=len(jobs), batch_mode="throughput",
+                                  static_step=True)
+    builder = checkpoint.prompt_builder()
+    frames = {job["id"]: [] for job in jobs}
+    for i, job in enumerate(jobs):
+        answer = ThinkerAnswer(TalkerInput(checkpoint.config, embedding, checkpoint.talker,
+                                           builder.build(messages=job_messages(job)), job["speaker"]))
+        answer.push(answers[job["id"]])
+        answer.end()
+        talker.add_request(job["id"], answer, SamplingParams(
+            do_sample=sample, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_new_tokens=16,
+            min_new_tokens=0, seed=1000 + i))
+    while talker.has_unfinished():
+        for event in talker.step():
+            if event.codes is not None:
+                frames[event.request_id].append(list(event.codes))
+    return frames
+
+
+def test_sampled_static_frame_steps_are_reproducible_per_request(qwen3_omni_checkpoints, qwen3_omni_threads):
+    """The static step draws the code predictor's codes inside the step from the request's seed and
+    frame counter: a seeded request's frames are the same alone and in a batch, run after run, and
+    they are not the greedy ones."""
+    path = str(qwen3_omni_checkpoints["tiny"])
+    checkpoint = load_checkpoint(path, parts=("thinker", "talker"))
+    embedding = load_thinker_embedding(path)
+    answers = {job["id"]: list(range(1000, 1020)) + [checkpoint.config.im_end_token_id] for job in JOBS}
+    together = _talker_frames(checkpoint, embedding, JOBS, answers)
+    assert together == _talker_frames(checkpoint, embedding, JOBS, answers)
+    first = JOBS[0]["id"]   # seed 1000 alone and in the batch
+    assert _talker_frames(checkpoint, embedding, JOBS[:1], answers)[first] == together[first]
+    assert len(together[first]) >= 10
+    greedy = _talker_frames(checkpoint, embedding, JOBS[:1], answers, sample=False)[first]
+    residual = lambda frames: [frame[1:] for frame in frames]  # noqa: E731 - the code predictor's codes
+    assert residual(greedy) != residual(together[first])

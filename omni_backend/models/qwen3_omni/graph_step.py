@@ -11,11 +11,13 @@ replay and reads the outputs after it.
 * :class:`ThinkerDecodeStep`: one token per row -> the next-token logits ``[rows, vocab]``
   (float32); the host chooses each token with the request's processors and generator.
 * :class:`TalkerFrameStep`: the talker's whole frame step: the code predictor completes each
-  row's frame (its 2-token prefill and 14 steps, greedy argmax inside the step), then the next
-  talker input (the frame's 16 codebook embeddings summed + the row's text row) runs one talker
-  position -> codebook-0 logits ``[rows, vocab]`` and the talker's normed hidden state (the next
-  frame's code predictor input). A step where a row samples the code predictor runs eagerly
-  (:class:`~.throughput_runner.ThroughputTalkerRunner`).
+  row's frame (its 2-token prefill and 14 steps, each code chosen inside the step: greedy argmax,
+  or, in the ``sample`` variant, temperature / top-k / top-p and a draw by the exponential race
+  ``argmax(p / E)`` whose noise ``E = -log U`` is a counter-based hash of the request's seed and
+  frame counter (:func:`~omni_backend.engine.counter_rng.uniform`): reproducible per request,
+  whatever its batch, with no host work), then the next talker input (the frame's 16 codebook
+  embeddings summed + the row's text row) runs one talker position -> codebook-0 logits
+  ``[rows, vocab]`` and the talker's normed hidden state (the next frame's code predictor input).
 
 The MoE block (:class:`~.moe.SparseMoeBlock`) is graph-safe as it is: routing by ``topk``,
 (token, expert) pairs sorted on the device, rows per expert counted by ``histc`` over the fixed
@@ -26,8 +28,11 @@ that they equal the eager throughput path on CPU.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
+from omni_backend.engine.counter_rng import uniform
 from omni_backend.engine.kv_cache import StaticKVCache
 
 from .batched_decode import decode_rows
@@ -88,15 +93,48 @@ class TalkerFrameStep:
         self.codes = torch.zeros(rows, groups, dtype=torch.long, device=device)      # the frame
         self.logits = torch.zeros(rows, talker.config.text.vocab_size, dtype=torch.float32, device=device)
         self.next_hidden = torch.zeros(rows, 1, hidden_size, dtype=dtype, device=device)
+        # the code predictor's sampling per row, and its noise's seed and draw counter (the frame index)
+        self.do_sample = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.temperature = torch.ones(rows, dtype=torch.float32, device=device)
+        self.top_k = torch.zeros(rows, dtype=torch.long, device=device)
+        self.top_p = torch.ones(rows, dtype=torch.float32, device=device)
+        self.seed = torch.zeros(rows, dtype=torch.long, device=device)
+        self.counter = torch.zeros(rows, dtype=torch.long, device=device)
+        vocab = talker.code_predictor.config.vocab_size
+        self.noise_index = torch.arange(talker.code_predictor.num_steps * vocab, device=device)
 
-    def run(self, batch: int, length: int) -> None:
+    def _select(self, batch: int, scores: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """Each row's code: argmax, or its warped distribution drawn with ``noise`` ``[B, vocab]``."""
+        greedy = torch.argmax(scores, dim=-1)
+        if noise is None:
+            return greedy
+        vocab = scores.shape[-1]
+        s = scores / self.temperature[:batch].view(-1, 1)
+        k = self.top_k[:batch]
+        k = torch.where((k > 0) & (k < vocab), k, torch.full_like(k, vocab))
+        kth = torch.sort(s, dim=-1, descending=True).values.gather(1, (k - 1).view(-1, 1))
+        s = s.masked_fill(s < kth, -math.inf)
+        ascending, order = torch.sort(s, dim=-1, descending=False)
+        remove = ascending.softmax(dim=-1).cumsum(dim=-1) <= (1 - self.top_p[:batch]).view(-1, 1)
+        remove[:, -1] = False
+        s = s.masked_fill(remove.scatter(1, order, remove), -math.inf)
+        sampled = torch.argmax(s.softmax(dim=-1) / noise, dim=-1)
+        return torch.where(self.do_sample[:batch], sampled, greedy)
+
+    def run(self, batch: int, length: int, sample: bool = False) -> None:
         """Rows ``0..batch-1``: ``codes[:batch]`` the frame of ``pending``, ``logits[:batch]`` its
-        next codebook 0, ``next_hidden[:batch]`` the talker state that predicts it."""
+        next codebook 0, ``next_hidden[:batch]`` the talker state that predicts it. ``sample``:
+        the rows with ``do_sample`` draw their codes (else every row is greedy)."""
         talker = self.talker
         pending = self.pending[:batch]
         first_embed = talker.embed_codec(pending.view(-1, 1))
+        noise = None
+        if sample:
+            u = uniform(self.seed[:batch], self.counter[:batch], self.noise_index)
+            noise = (-torch.log(u)).view(batch, talker.code_predictor.num_steps, -1)
         residual, residual_embeds = talker.code_predictor.predict(
-            self.hidden[:batch], first_embed, lambda _step, scores: torch.argmax(scores, dim=-1))
+            self.hidden[:batch], first_embed,
+            lambda step, scores: self._select(batch, scores, None if noise is None else noise[:, step]))
         embeds = torch.cat([first_embed] + residual_embeds, dim=1).sum(1, keepdim=True) + self.text[:batch]
         positions = self.positions[:batch]
         cos, sin = talker.rotary(_positions3(positions), embeds.dtype)

@@ -48,19 +48,20 @@ def _positions(lengths: list[int], device: torch.device) -> torch.Tensor:
 
 
 class _StaticSteps:
-    """A graph step's buckets: batch sizes and attention lengths, captured on CUDA unless eager."""
+    """A graph step's buckets: batch sizes x attention lengths (x ``flags``: extra boolean
+    arguments of the step, e.g. sampling), captured on CUDA unless eager."""
 
     def __init__(self, step, max_rows: int, max_len: int, device: torch.device, graph_sizes: list[int] | None,
-                 enforce_eager: bool) -> None:
+                 enforce_eager: bool, flags: tuple[tuple, ...] = ((),)) -> None:
         self.lengths = length_buckets(max_len)
         cuda = device.type == "cuda"
         self.buckets = GraphBuckets(step.run, graph_sizes or [1, 2, 4, 8, 16], max_rows,
-                                    variants=[(length,) for length in self.lengths],
+                                    variants=[(length, *flag) for length in self.lengths for flag in flags],
                                     enabled=cuda and not enforce_eager, device=device if cuda else None)
         self.buckets.capture()
 
-    def run(self, batch: int, furthest: int) -> int:
-        return self.buckets.run(batch, attention_length(self.lengths, furthest))
+    def run(self, batch: int, furthest: int, *flags) -> int:
+        return self.buckets.run(batch, attention_length(self.lengths, furthest), *flags)
 
 
 def _use_static(device: torch.device, static_step: bool | None) -> bool:
@@ -137,15 +138,40 @@ class ThroughputTalkerRunner(TalkerRunner):
         if _use_static(self.device, static_step):
             self.step = TalkerFrameStep(self.talker, self.slots, self.max_num_seqs)
             self.static = _StaticSteps(self.step, self.max_num_seqs, self.max_model_len, self.device, graph_sizes,
-                                       enforce_eager)
+                                       enforce_eager, flags=((False,), (True,)))
 
     @staticmethod
     def _greedy_predictor(seqs: list[Sequence]) -> bool:
         return all(not s.do_sample and s.repetition_penalty == 1.0 and not s.suppress
                    for s in (seq.state.predictor for seq in seqs))
 
+    @staticmethod
+    def _step_samplable(seqs: list[Sequence]) -> bool:
+        """Whether the static step can choose every row's codes (no penalty or suppressed ids:
+        the code predictor's samplers have none)."""
+        return all(s.repetition_penalty == 1.0 and not s.suppress for s in (seq.state.predictor for seq in seqs))
+
+    def _predictor_rows(self, seqs: list[Sequence], batch: int) -> bool:
+        """Fill the static step's sampling buffers; returns whether any row samples."""
+        step = self.step
+        rows = {seq.slot: seq for seq in seqs}
+        sample, temperature, top_k, top_p, seed, counter = [], [], [], [], [], []
+        for slot in range(batch):
+            seq = rows.get(slot)
+            s = seq.state.predictor if seq is not None else Sampling()
+            sample.append(bool(s.do_sample))
+            temperature.append(float(s.temperature or 1.0))
+            top_k.append(int(s.top_k or 0))
+            top_p.append(float(s.top_p if s.top_p is not None else 1.0))
+            seed.append(seq.seed if seq is not None else 0)   # the request's (given or drawn at its start)
+            counter.append(len(seq.state.generated) if seq is not None else 0)
+        for buffer, values in ((step.do_sample, sample), (step.temperature, temperature), (step.top_k, top_k),
+                               (step.top_p, top_p), (step.seed, seed), (step.counter, counter)):
+            buffer[:batch].copy_(torch.tensor(values, dtype=buffer.dtype), non_blocking=True)
+        return any(sample)
+
     def _decode_static(self, seqs: list[Sequence]) -> list[StepOutput]:
-        """The static frame step over slots ``0..max slot`` (greedy code predictor)."""
+        """The static frame step over slots ``0..max slot``."""
         step, device = self.step, self.device
         batch = max(seq.slot for seq in seqs) + 1
         slots = [seq.slot for seq in seqs]
@@ -160,7 +186,8 @@ class ThroughputTalkerRunner(TalkerRunner):
         texts = [seq.state.text.trailing.row(len(seq.state.generated) - 1).reshape(1, 1, -1) if seq.sample_next
                  else torch.zeros_like(step.text[:1]) for seq in seqs]
         step.text.index_copy_(0, index, torch.cat(texts).to(device, step.text.dtype))
-        self.static.run(batch, max(self.lengths[slot] for slot in slots))
+        sample = self._predictor_rows(seqs, batch)
+        self.static.run(batch, max(self.lengths[slot] for slot in slots), sample)
         codes = step.codes[:batch].cpu().tolist()
         outputs = []
         for seq in seqs:
@@ -193,7 +220,7 @@ class ThroughputTalkerRunner(TalkerRunner):
         return choose
 
     def decode(self, seqs: list[Sequence]) -> list[StepOutput]:
-        if self.step is not None and self._greedy_predictor(seqs):
+        if self.step is not None and self._step_samplable(seqs):
             return self._decode_static(seqs)
         talker, device = self.talker, self.device
         states = [seq.state for seq in seqs]
