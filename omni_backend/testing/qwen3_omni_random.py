@@ -18,7 +18,8 @@ for chats (``<|im_start|>role\\n...<|im_end|>\\n``, ``<|im_start|>assistant\\n``
 prompt, string or ``[{"type": "text", ...}]`` content, audio/image/video placeholders); it is not
 a copy of the released file.
 
-Shapes (:data:`SHAPES`): ``tiny``, ``tiny2`` and ``tiny3`` differ in layer counts, hidden sizes,
+Shapes (:data:`SHAPES`; ``30b-a3b``, the released sizes, is for configs and in-memory models only):
+``tiny``, ``tiny2`` and ``tiny3`` differ in layer counts, hidden sizes,
 head dims (16 / 16 / 32), expert counts and top-k, ``norm_topk_prob``, dense thinker layers
 (``mlp_only_layers`` in tiny2, ``decoder_sparse_step`` 2 in tiny3) and ``accept_hidden_layer``.
 Vocabularies, codec ids, speakers and the code2wav upsampling (1920 samples per frame at 24 kHz)
@@ -184,6 +185,19 @@ SHAPES: dict[str, Shape] = {
         cw_hidden=64, cw_layers=1, cw_heads=4, cw_intermediate=128, cw_decoder_dim=128,
         a_d_model=64, a_layers=1, a_heads=4, a_ffn=128, a_downsample=16,
         v_hidden=64, v_depth=2, v_heads=4, v_intermediate=128, v_deepstack=(0,)),
+    # The released Qwen3-Omni-30B-A3B's sizes: for meta-device tests and GPU checks that build the
+    # model in memory (never written: its weights are ~70 GB)
+    "30b-a3b": Shape(
+        t_hidden=2048, t_layers=48, t_heads=32, t_kv_heads=4, t_head_dim=128, t_mrope_section=(24, 20, 20),
+        t_experts=128, t_top_k=8, t_moe_intermediate=768, t_intermediate=768, t_norm_topk_prob=True,
+        t_mlp_only_layers=(), t_sparse_step=1, accept_hidden_layer=24,
+        k_hidden=1024, k_layers=20, k_heads=16, k_kv_heads=2, k_head_dim=128, k_mrope_section=(24, 20, 20),
+        k_experts=128, k_top_k=6, k_moe_intermediate=384, k_shared_intermediate=768, k_intermediate=2048,
+        k_norm_topk_prob=True,
+        cp_layers=5, cp_heads=16, cp_kv_heads=8, cp_head_dim=128, cp_intermediate=3072,
+        cw_hidden=1024, cw_layers=8, cw_heads=16, cw_intermediate=3072, cw_decoder_dim=1536,
+        a_d_model=1280, a_layers=32, a_heads=20, a_ffn=5120, a_downsample=480,
+        v_hidden=1152, v_depth=27, v_heads=16, v_intermediate=4304, v_deepstack=(8, 16, 24)),
 }
 
 DEFAULT_THINKER_EOS_AFTER = 24

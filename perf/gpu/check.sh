@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of the Qwen3-TTS pipeline (see perf/gpu/README.md). Run from anywhere:
+# GPU check of the Qwen3-TTS pipeline, after the Orpheus vLLM and Qwen3-Omni checks (see perf/gpu/README.md).
+# Run from anywhere:
 #   perf/gpu/check.sh              # NVIDIA GPU + torch: parity, memory, in-process (+ served) benchmark
 #   perf/gpu/check.sh --dry-run    # CPU, tiny shapes: checks the script logic
 # Extra arguments go to perf/gpu/check.py. Python: $PYTHON, else .venv/bin/python, else python3.
@@ -26,6 +27,11 @@ done
 start=$SECONDS
 if [[ "${ORPHEUS_CHECK:-1}" != 0 ]]; then
   timeout "${ORPHEUS_TIMEOUT:-150}" "$PY" perf/gpu/orpheus_check.py "${orpheus_args[@]}" || echo "orpheus check: exit $?"
+fi
+# The Qwen3-Omni check (released 30B-A3B shape made in GPU memory; throughput mode, CUDA graphs), bounded
+# like the Orpheus one; it takes the same report arguments.
+if [[ "${OMNI_CHECK:-1}" != 0 ]]; then
+  timeout "${OMNI_TIMEOUT:-180}" "$PY" perf/gpu/omni_check.py "${orpheus_args[@]}" || echo "omni check: exit $?"
 fi
 # sized for < 8 minutes on an H200; the guard (SIGTERM at 540 s in all, under a 600 s command
 # limit) still lets check.py write the report of what it measured

@@ -137,8 +137,8 @@ def voxcpm2_shim(voxcpm2_server, tmp_path_factory):
 def test_speech_api_speaks_and_clones(voxcpm2_shim, voxcpm2_server, voxcpm2_jobs):
     """The OpenAI SDK through the speech API: the model's catalog (no preset voices, clones), and a
     cloning request (a stock voice name, ``seed``, ``ref_audio``, ``ref_text``) that equals the same
-    request sent to Triton directly. (The speech API's body takes a fixed set of extension fields:
-    ``cfg_value`` and the other VoxCPM2 knobs reach Triton directly only.)"""
+    request sent to Triton directly; the model's own knobs (``cfg_value``, ``inference_timesteps``)
+    pass by name and a bad one is a 400 naming it."""
     import io
 
     import httpx
@@ -150,6 +150,7 @@ def test_speech_api_speaks_and_clones(voxcpm2_shim, voxcpm2_server, voxcpm2_jobs
     client = openai.OpenAI(base_url=f"{voxcpm2_shim.url}/v1", api_key="not-needed", max_retries=0, timeout=120)
     job = next(j for j in voxcpm2_jobs if j["id"] == "clone_en")
     params = {k: v for k, v in _params(job).items() if k in ("seed", "ref_audio", "ref_text")}
+    params.update(cfg_value=1.5, inference_timesteps=3)
     wav = client.audio.speech.create(model=BUILTIN, voice="alloy", input=job["text"], response_format="wav",
                                      extra_body=params).read()
     audio, rate = sf.read(io.BytesIO(wav), dtype="float32")
@@ -159,3 +160,9 @@ def test_speech_api_speaks_and_clones(voxcpm2_shim, voxcpm2_server, voxcpm2_jobs
     with pytest.raises(openai.BadRequestError) as e:
         client.audio.speech.create(model=BUILTIN, voice="alloy", input="Bad.", extra_body={"ref_text": "alone"})
     assert "ref_text" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.speech.create(model=BUILTIN, voice="alloy", input="Bad.", extra_body={"cfg_value": -1})
+    assert e.value.param == "cfg_value"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.speech.create(model=BUILTIN, voice="alloy", input="Bad.", extra_body={"cfg_scale": 2})
+    assert e.value.param == "cfg_scale" and e.value.code == "unknown_parameter"

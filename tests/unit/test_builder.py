@@ -112,3 +112,23 @@ def test_a_clashing_client_output_fails_the_build_naming_it(tmp_path, second, ms
                        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 2, r.stderr
     assert re.search(r"error: pipeline clashing_outputs: " + msg, r.stderr), r.stderr
+
+
+def test_qwen3_omni_gpu_deploy_builds(tmp_path):
+    """deploy/qwen3_omni.gpu.yaml builds: thinker, talker and code2wav on the GPU, the AR stages in
+    throughput mode with their graph buckets, code2wav Float32."""
+    from omni_backend.deploy import load_deploy
+    from omni_backend.models.qwen3_omni.builtin import resolve_checkpoint
+
+    model = resolve_checkpoint("builtin:qwen3_omni_tiny_random")   # any checkpoint folder of the layout
+    assert main(["build", "--pipeline", "qwen3_omni", "--deploy", str(ROOT / "deploy" / "qwen3_omni.gpu.yaml"),
+                 "--model", model, "--out", str(tmp_path)]) == 0
+    for stage in ("thinker", "talker", "code2wav"):
+        config = (tmp_path / f"qwen3_omni__{stage}" / "config.pbtxt").read_text()
+        assert "KIND_GPU" in config, stage
+    deploy = load_deploy(ROOT / "deploy" / "qwen3_omni.gpu.yaml")
+    for stage_id in (0, 1):
+        sd = deploy.stage(stage_id)
+        assert (sd.device, sd.dtype, sd.options["batch_mode"]) == ("cuda", "bfloat16", "throughput")
+        assert sd.cuda_graph_sizes == [1, 2, 4, 8, 16] and not sd.enforce_eager and sd.max_num_seqs == 16
+    assert deploy.stage(2).device == "cuda" and deploy.stage(2).dtype == "float32"

@@ -155,3 +155,36 @@ def test_family_options_take_their_defaults():
         {"stage_id": 0, "options": {"subtalker_top_k": 7}}]}), get_pipeline("qwen3_tts"))
     assert cfg.stage(0).options == {"subtalker_do_sample": None, "subtalker_temperature": None,
                                     "subtalker_top_k": 7, "subtalker_top_p": None, "text_wait_s": 30.0}
+
+
+@pytest.mark.parametrize("pipeline, stages, key", [
+    # a batch mode is Qwen3-Omni's thinker's and talker's choice only: other families refuse it
+    ("qwen3_tts", [{"stage_id": 0, "options": {"batch_mode": "throughput"}}], "stages[0].options.batch_mode"),
+    ("orpheus_tiny_random", [{"stage_id": 0, "options": {"batch_mode": "exact"}}], "stages[0].options.batch_mode"),
+    ("qwen3_omni", [{"stage_id": 2, "options": {"batch_mode": "throughput"}}], "stages[0].options.batch_mode"),
+    ("qwen3_omni", [{"stage_id": 0, "options": {"batch_mode": "fast"}}], "stages[0].options.batch_mode"),
+    ("qwen3_omni", [{"stage_id": 1, "options": {"batch_mode": 2}}], "stages[0].options.batch_mode"),
+])
+def test_batch_mode_is_refused_where_it_does_not_apply(pipeline, stages, key):
+    from omni_backend.deploy import check_options
+    from omni_backend.families import get_pipeline
+
+    cfg = parse_deploy({"pipeline": pipeline, "stages": stages}, "deploy/x.yaml")
+    with pytest.raises(DeployError) as e:
+        check_options(cfg, get_pipeline(pipeline))
+    assert str(e.value).startswith(f"deploy/x.yaml: {key}:"), str(e.value)
+
+
+def test_qwen3_omni_batch_mode_defaults_to_exact():
+    from omni_backend.deploy import check_options
+    from omni_backend.families import get_pipeline
+
+    pipeline = get_pipeline("qwen3_omni")
+    cfg = check_options(parse_deploy({"pipeline": "qwen3_omni", "stages": [
+        {"stage_id": 0}, {"stage_id": 1, "options": {"batch_mode": "THROUGHPUT"}}]}), pipeline)
+    assert cfg.stage(0).options["batch_mode"] == "exact"
+    assert cfg.stage(1).options["batch_mode"] == "throughput"
+    for name, mode in (("qwen3_omni.yaml", "exact"), ("qwen3_omni_tiny_random.yaml", "exact"),
+                       ("qwen3_omni_tiny_random.throughput.yaml", "throughput")):
+        cfg = check_options(load_deploy(DEPLOY_DIR / name), get_pipeline(load_deploy(DEPLOY_DIR / name).pipeline))
+        assert [cfg.stage(i).options["batch_mode"] for i in (0, 1)] == [mode, mode], name

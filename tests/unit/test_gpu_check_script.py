@@ -22,6 +22,9 @@ def test_gpu_check_dry_run():
     assert "| c | TTFA p50 ms | TTFA p95 ms | RTF p50 | audio s/s | step ms (c frames) |" in out
     for c in (1, 2, 4):
         assert f"\n| {c} | " in out
+    # the Qwen3-Omni check ran before it, with its tables
+    assert "## Qwen3-Omni GPU check (DRY RUN, CPU, tiny shape)" in out
+    assert "| c | TTFT p50 ms | TTFT p95 ms | TTFA p50 ms | TTFA p95 ms | RTF p50 | audio s/s |" in out
     # the Orpheus vLLM check ran first: its table, or the line saying vLLM is not importable
     assert "## Orpheus vLLM GPU check" in out
     assert "| c | stage engine tok/s | plain vLLM tok/s | plain / stage |" in out or "Skipped: vLLM is not" in out
@@ -59,3 +62,21 @@ def test_served_only_with_nothing_to_serve_is_refused():
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 2
     assert "--served-only runs nothing with --no-served or --dry-run" in done.stderr
+
+
+def test_omni_gpu_check_dry_run(tmp_path):
+    """The Qwen3-Omni part alone: every step on CPU (tiny shape, static steps run eagerly), its
+    report written."""
+    results = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, "perf/gpu/omni_check.py", "--dry-run", "--results", str(results)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    report = results.read_text()
+    assert report.startswith("\n## Qwen3-Omni GPU check (DRY RUN, CPU, tiny shape)")
+    assert ("Graphs vs eager (greedy thinker tokens and talker frames): c=1 equal, c=3 equal, c=4 equal "
+            "(0 graphs captured)") in report
+    assert "| c | TTFT p50 ms | TTFT p95 ms | TTFA p50 ms | TTFA p95 ms | RTF p50 | audio s/s |" in report
+    for c in (1, 4, 16):
+        assert f"\n| {c} | " in report
+    assert "Problems" not in report

@@ -26,7 +26,7 @@ from .layers import KVCache, PlainRotary, attention_forward, mlp_forward, rms_no
 
 __all__ = ["CodePredictor", "Choose"]
 
-# choose(step, float32 logits [1, vocab]) -> id [1]; step 0 picks codebook 1
+# choose(step, float32 logits [B, vocab]) -> ids [B]; step 0 picks codebook 1
 Choose = Callable[[int, torch.Tensor], torch.Tensor]
 
 
@@ -70,15 +70,16 @@ class CodePredictor(nn.Module):
 
     def predict(self, talker_hidden: torch.Tensor, first_embed: torch.Tensor,
                 choose: Choose) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Codebooks 1..G-1 ``[1, G-1]`` of one frame, and their embeddings (each ``[1, 1, hidden]``,
-        codebook ``i`` embedded with ``codec_embedding[i-1]``), from the talker's last normed
-        hidden state and codebook 0's embedding (both ``[1, 1, hidden]``)."""
+        """Codebooks 1..G-1 ``[B, G-1]`` of one frame per row, and their embeddings (each
+        ``[B, 1, hidden]``, codebook ``i`` embedded with ``codec_embedding[i-1]``), from the talker's
+        last normed hidden state and codebook 0's embedding (both ``[B, 1, hidden]``; the exact
+        mode runs B = 1, the throughput mode all rows of a step, every row at the same positions)."""
         cache = KVCache(len(self.model.layers))
         embeds = self.model.codec_embedding
         codes = [choose(0, self._forward(torch.cat((talker_hidden, first_embed), dim=1), cache, 0))]
         code_embeds = []
         for step in range(1, self.num_steps):
-            code_embeds.append(embeds[step - 1](codes[-1].view(1, 1)))
+            code_embeds.append(embeds[step - 1](codes[-1].view(-1, 1)))
             codes.append(choose(step, self._forward(code_embeds[-1], cache, step)))
-        code_embeds.append(embeds[self.num_steps - 1](codes[-1].view(1, 1)))
-        return torch.stack(codes, dim=1).view(1, -1), code_embeds
+        code_embeds.append(embeds[self.num_steps - 1](codes[-1].view(-1, 1)))
+        return torch.stack(codes, dim=1).view(talker_hidden.shape[0], -1), code_embeds

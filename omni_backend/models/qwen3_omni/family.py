@@ -16,11 +16,19 @@ from __future__ import annotations
 from omni_backend.adapters.base import Param
 from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
 
+# exact: each sequence alone in the reference's shapes (bit-exact, whatever it is served with);
+# throughput: the rows of a decode step share forward passes (throughput_runner.py)
+BATCH_MODE = Param("batch_mode", str, default="exact", choices=("exact", "throughput"),
+                   help="exact: each sequence runs alone, bit-exact; throughput: the rows of a decode step share "
+                        "forward passes (batched attention, MoE experts once per step), differing from solo only "
+                        "by floating-point order")
+THINKER_OPTIONS = (BATCH_MODE,)
 TALKER_OPTIONS = (
     Param("thinker_chunk_tokens", int, default=4, lo=1, hi=4096,
           help="thinker tokens handed to the talker per message (the hand-off's chunk)"),
     Param("text_wait_s", float, default=60.0, lo=0.1, hi=3600.0,
           help="seconds the talker waits for the thinker's next tokens before the request fails"),
+    BATCH_MODE,
 )
 
 
@@ -33,7 +41,7 @@ def _qwen3_omni(name: str, description: str, default_model: str | None) -> Pipel
         default_deploy=name,
         default_model=default_model,
         stages=(
-            StageConfig(stage_id=0, model_stage="thinker", kind="stream",
+            StageConfig(stage_id=0, model_stage="thinker", kind="stream", options=THINKER_OPTIONS,
                         outputs=(TensorSpec("PROMPT_IDS", "INT64", (-1,)), TensorSpec("PROMPT_HIDDEN", "FP32", (-1, -1)),
                                  TensorSpec("PROMPT_GRIDS", "INT64", (-1, 3)), TensorSpec("TOKEN_IDS", "INT64", (-1,)),
                                  TensorSpec("TEXT_DELTA", "STRING", (1,)), TensorSpec("FINISH_REASON", "STRING", (1,)),

@@ -81,7 +81,8 @@ class TalkerStage(StageModel):
         self.engine = AsyncEngine(create_talker_engine(
             self.talker, max_num_seqs=sd.max_num_seqs, max_model_len=sd.max_model_len, num_threads=sd.threads,
             max_prefills_per_step=sd.max_prefills_per_step, default_params=self.default_params,
-            max_input_wait_s=self.text_wait_s))
+            max_input_wait_s=self.text_wait_s, batch_mode=sd.options.get("batch_mode") or "exact",
+            cuda_graph_sizes=sd.cuda_graph_sizes, enforce_eager=sd.enforce_eager))
         self.feeds: dict[str, AnswerFeed] = {}
 
     def sampling_params(self, request: dict[str, Any]) -> SamplingParams:

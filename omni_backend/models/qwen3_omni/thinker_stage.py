@@ -55,7 +55,9 @@ class ThinkerStage(StageModel):
         self.default_params = dataclasses.replace(THINKER_DEFAULTS, **sd.default_sampling_params).validate()
         self.engine = AsyncEngine(create_thinker_engine(
             checkpoint, max_num_seqs=sd.max_num_seqs, max_model_len=sd.max_model_len, num_threads=sd.threads,
-            max_prefills_per_step=sd.max_prefills_per_step, default_params=self.default_params))
+            max_prefills_per_step=sd.max_prefills_per_step, default_params=self.default_params,
+            batch_mode=sd.options.get("batch_mode") or "exact", cuda_graph_sizes=sd.cuda_graph_sizes,
+            enforce_eager=sd.enforce_eager))
 
     def sampling_params(self, request: dict[str, Any]) -> SamplingParams:
         given = {param: request[field] for field, param in SAMPLING_FIELDS.items() if request.get(field) is not None}
