@@ -538,13 +538,20 @@ class Supervisor:
         return silent_s >= self.opts.unresponsive_secs
 
     async def _heal(self, state: PipelineState, failure: PingFailed) -> None:
+        """Reload the failed pipeline. Its entry is never unloaded (every request that arrives
+        meanwhile gets the entry's `unavailable: ... restarting`, never Triton's "unknown model",
+        which clients and load balancers take as permanent): when a stage failed, the entry holds
+        (ends its streams, turns new ones away) while the stages reload, then resumes; when the
+        entry itself failed, its new instance is loaded beside the old one, which Triton swaps."""
         p = state.pipeline
         t0 = time.monotonic()
         reloaded = False
-        old = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
+        before = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
+        old = before
         log.error("pipeline %s failed: %s", p.name, failure)
         failed = failure.model or p.name
         why = f"the pipeline is restarting ({failed} failed)"
+        stages_only = failure.model in p.stages
         try:
             if not self.opts.explicit_models:
                 log.error("model control is not explicit: restarting tritonserver instead")
@@ -555,13 +562,24 @@ class Supervisor:
                 # unload: it goes now. The entry is asked to end its streams first.
                 await self._stacks_written(failure.model)
                 stubs.kill([s for s in stubs.stubs_of(self.proc.pid) if s.model == failure.model])
-            if not await self._end_streams(p, why) and await self._restart_for_lost_streams(p, failed):
+            held = await self._end_streams(p, why, hold=stages_only)
+            if not held and await self._restart_for_lost_streams(p, failed):
                 return
-            log.error("reloading %s", ", ".join(p.models))
+            stages_only = stages_only and held
+            models = p.stages if stages_only else p.models
+            old = [s for s in before if s.model in models]   # the entry kept, its stub is no old one
+            log.error("reloading %s%s", ", ".join(models), f" ({p.name} holds)" if stages_only else "")
             backoff = 1.0
             while not self.stop_requested.is_set():
                 try:
-                    await self._reload(p)
+                    await self._reload(p, entry=not stages_only)
+                    if stages_only:
+                        try:
+                            await self.control.resume(p)
+                        except Exception:
+                            # the held entry does not answer: the next attempt loads it too
+                            stages_only, old = False, before
+                            raise
                     log.info("pipeline %s reloaded in %.1f s", p.name, time.monotonic() - t0)
                     reloaded = True
                     break
@@ -600,11 +618,12 @@ class Supervisor:
         if any(s.pid in self.stuck for s in stubs.stubs_of(self.proc.pid) if s.model == model):
             await asyncio.sleep(STACKS_BEFORE_KILL_S)
 
-    async def _end_streams(self, p: Pipeline, why: str) -> bool:
+    async def _end_streams(self, p: Pipeline, why: str, hold: bool = False) -> bool:
         """Ask the entry to end its open streams with `unavailable: ...`: they hold the entry
         (Triton finalizes a model only after its last stream), and the ones waiting on a dead
-        stage never end by themselves. False when the entry cannot: its stub exited, or it
-        neither answered nor beat and was killed here; its clients' streams are then lost."""
+        stage never end by themselves; with `hold`, it also turns new streams away until
+        `resume`. False when the entry cannot: its stub exited, or it neither answered nor beat
+        and was killed here; its clients' streams are then lost."""
         t0 = time.monotonic()
         for attempt in range(3):
             entry = [s for s in stubs.stubs_of(self.proc.pid) if s.model == p.name]
@@ -614,7 +633,7 @@ class Supervisor:
                 stubs.kill(entry)
                 return False
             try:
-                await self.control.abort(p, why, timeout_s=10.0)
+                await (self.control.hold if hold else self.control.abort)(p, why, timeout_s=10.0)
                 log.info("%s ended its open streams in %.2f s", p.name, time.monotonic() - t0)
                 return True
             except Exception as e:  # noqa: BLE001 - slow (ask again) or stuck (killed below)
@@ -650,20 +669,26 @@ class Supervisor:
         _kill_server(self.proc)
         return True
 
-    async def _reload(self, p: Pipeline) -> None:
-        for model in p.models:
+    async def _reload(self, p: Pipeline, entry: bool) -> None:
+        """Unload and load the stages (while one is unloaded, strict readiness is false and the
+        speech API routes the pipeline elsewhere); then, with `entry`, load the entry in place:
+        Triton loads a new instance beside the old one and swaps them, so the pipeline's name is
+        never unknown. An entry is never unloaded here."""
+        for model in p.stages:
             await self.control.unload(model)
         # No need to wait for the old instances to finish unloading (a model whose stub died
         # never does: its requests keep it): Triton loads the new ones beside them.
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
             states = await self.control.model_states()
-            if not any(states.get(m) == "READY" for m in p.models):
+            if not any(states.get(m) == "READY" for m in p.stages):
                 break
             await asyncio.sleep(0.05)
         # all at once: loaded one after another, the server called itself ready (unloaded models
-        # do not count) between one model's load and the next, while the entry was still missing
-        await asyncio.gather(*(self.control.load(model) for model in [*p.stages, p.name]))
+        # do not count) between one stage's load and the next
+        await asyncio.gather(*(self.control.load(model) for model in p.stages))
+        if entry:   # its stages serve by the time its new instance takes requests
+            await self.control.load(p.name)
 
     # -- shutdown
     async def _shutdown(self, exited: asyncio.Future) -> None:
@@ -681,7 +706,15 @@ class Supervisor:
             log.info("drained in %.1f s", time.monotonic() - t0)
             aborts = [self.control.abort(s.pipeline, "the server is shutting down", 2.0) for s in self.states.values()]
             await asyncio.gather(*aborts, return_exceptions=True)
-        if not exited.done():
+            if self.opts.explicit_models and not self.hard_stop and not exited.done():
+                await self._unload_stages(exited)
+        if self.states and not exited.done():
+            # Not SIGTERM: tritonserver's own stop unloads the entries while it still takes
+            # requests, and every request then hears "unknown model" (NOT_FOUND, permanent to a
+            # client) instead of the entries' `unavailable: ... shutting down`. Killed, it closes
+            # its connections (gRPC UNAVAILABLE); what it leaves is cleaned up (_clean_after).
+            log.info("stopping tritonserver")
+        elif not exited.done():   # still starting: nothing is served yet, its own stop is clean
             self.proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(exited), 0.1 if self.hard_stop else self.opts.stop_secs)
@@ -691,6 +724,25 @@ class Supervisor:
             _kill_server(self.proc)
             await exited
         log.info("tritonserver stopped in %.1f s", time.monotonic() - t0)
+
+    async def _unload_stages(self, exited: asyncio.Future) -> None:
+        """The drained server's stages are unloaded (their instances finalize: engines and worker
+        processes stop as they should) while its entries, still loaded, answer every request with
+        `unavailable: ... shutting down`; `stop_secs` at most."""
+        stages = [m for state in self.states.values() for m in state.pipeline.stages]
+        deadline = time.monotonic() + self.opts.stop_secs
+        await asyncio.gather(*(self.control.unload(m, timeout_s=self.opts.stop_secs) for m in stages),
+                             return_exceptions=True)
+        while time.monotonic() < deadline and not exited.done() and not self.hard_stop:
+            try:
+                states = await self.control.model_states()
+            except Exception:  # noqa: BLE001 - a server that no longer answers: it is killed next
+                return
+            if not any(states.get(m) in ("READY", "UNLOADING") for m in stages):
+                return
+            await asyncio.sleep(0.1)
+        if not exited.done() and not self.hard_stop:
+            log.warning("stages still unloading after %.1f s: stopping tritonserver anyway", self.opts.stop_secs)
 
     # -- leftovers
     def _clean_after(self, server_pid: int) -> None:

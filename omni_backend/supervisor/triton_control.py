@@ -132,6 +132,13 @@ class TritonControl:
         """End every open stream of the pipeline with `unavailable: <pipeline>: <why>`."""
         await asyncio.wait_for(self._control(pipeline.name, "abort", timeout_s, why), timeout_s + 0.5)
 
+    async def hold(self, pipeline: Pipeline, why: str, timeout_s: float = 5.0) -> None:
+        """As `abort`, and the entry turns new streams away with the same answer until `resume`."""
+        await asyncio.wait_for(self._control(pipeline.name, "hold", timeout_s, why), timeout_s + 0.5)
+
+    async def resume(self, pipeline: Pipeline, timeout_s: float = 5.0) -> None:
+        await asyncio.wait_for(self._control(pipeline.name, "resume", timeout_s), timeout_s + 0.5)
+
     async def unload(self, model: str, timeout_s: float = 10.0) -> None:
         await self.client.unload_model(model, client_timeout=timeout_s)
 
