@@ -11,10 +11,11 @@ stages). A pipeline that stops answering is broken only when the silent model al
 CPU (`_wedged`): under overload pings wait behind real work, and reloading models under heavy
 load is itself risky in 2.51 (a SIGSEGV in `TRITONBACKEND_ModelInstanceFinalize` was seen when a
 pipeline was reloaded at a load average of 39 on 2 cores). A broken pipeline is reloaded through
-Triton's model-control API: the entry ends every open stream with `unavailable:` first, then the
-pipeline's models are unloaded and loaded again. While they are unloaded the server is not ready
-(strict readiness), so load balancers and the speech API route elsewhere; the other pipelines
-keep serving. A stage stub that is alive but stuck is killed before its model is unloaded.
+Triton's model-control API: the entry ends every open stream with `unavailable:` first and turns
+new ones away the same way (it holds), then the pipeline's stages are unloaded and loaded again.
+While they are unloaded the server is not ready (strict readiness), so load balancers and the
+speech API route elsewhere; the other pipelines keep serving. An entry is never unloaded, here
+or in a drain (`_heal`, `_shutdown`): an unloaded entry is Triton's "unknown model" to clients. A stage stub that is alive but stuck is killed before its model is unloaded.
 An entry that died or froze with client streams open cannot end them, and 2.51 would keep them
 open for ever: then the whole server is restarted instead, which closes them.
 """

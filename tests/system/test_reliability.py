@@ -203,8 +203,8 @@ def test_a_killed_stage_is_noticed_and_the_pipeline_heals(own_server, triton, tm
                                  "response_format": "wav"})
             assert r.status_code == 200 and r.headers["x-omni-model"] == QWEN, r.text[:300]
         assert pair.health() == 200   # every pipeline is still served by one of its servers
-        # a request that arrives meanwhile gets an answer our clients code as unavailable
-        # (Triton's own "no available versions" while the entry reloads), not a hang
+        # a request that arrives meanwhile is told to retry, not left hanging (the held entry's
+        # answer; gRPC's own UNAVAILABLE when the kill took tritonserver down and it restarts)
         early = Stream(server.grpc_url, QWEN, "Too early.").start()
         early.wait(60)
         assert early.end == "final" or error_code(early.end) == "unavailable", early.end
