@@ -12,10 +12,11 @@ CPU (`_wedged`): under overload pings wait behind real work, and reloading model
 load is itself risky in 2.51 (a SIGSEGV in `TRITONBACKEND_ModelInstanceFinalize` was seen when a
 pipeline was reloaded at a load average of 39 on 2 cores). A broken pipeline is reloaded through
 Triton's model-control API: the entry ends every open stream with `unavailable:` first and turns
-new ones away the same way (it holds), then the pipeline's stages are unloaded and loaded again.
-While they are unloaded the server is not ready (strict readiness), so load balancers and the
+new ones away the same way (it holds), then the pipeline's stages are unloaded and loaded again,
+and a new entry instance is loaded in the old one's place (Triton swaps them). While they are unloaded the server is not ready (strict readiness), so load balancers and the
 speech API route elsewhere; the other pipelines keep serving. An entry is never unloaded, here
-or in a drain (`_heal`, `_shutdown`): an unloaded entry is Triton's "unknown model" to clients. A stage stub that is alive but stuck is killed before its model is unloaded.
+or in a drain (`_heal`, `_shutdown`): an unloaded entry is Triton's "unknown model" to clients.
+A stage stub that is alive but stuck is killed before its model is unloaded.
 An entry that died or froze with client streams open cannot end them, and 2.51 would keep them
 open for ever: then the whole server is restarted instead, which closes them.
 """
@@ -542,17 +543,15 @@ class Supervisor:
         """Reload the failed pipeline. Its entry is never unloaded (every request that arrives
         meanwhile gets the entry's `unavailable: ... restarting`, never Triton's "unknown model",
         which clients and load balancers take as permanent): when a stage failed, the entry holds
-        (ends its streams, turns new ones away) while the stages reload, then resumes; when the
-        entry itself failed, its new instance is loaded beside the old one, which Triton swaps."""
+        (ends its streams, turns new ones away) while the stages reload; then the entry is loaded
+        in place, its new instance beside the old one (held, or failed itself), which Triton swaps."""
         p = state.pipeline
         t0 = time.monotonic()
         reloaded = False
-        before = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
-        old = before
+        old = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
         log.error("pipeline %s failed: %s", p.name, failure)
         failed = failure.model or p.name
         why = f"the pipeline is restarting ({failed} failed)"
-        stages_only = failure.model in p.stages
         try:
             if not self.opts.explicit_models:
                 log.error("model control is not explicit: restarting tritonserver instead")
@@ -563,24 +562,14 @@ class Supervisor:
                 # unload: it goes now. The entry is asked to end its streams first.
                 await self._stacks_written(failure.model)
                 stubs.kill([s for s in stubs.stubs_of(self.proc.pid) if s.model == failure.model])
-            held = await self._end_streams(p, why, hold=stages_only)
+            held = await self._end_streams(p, why, hold=failure.model in p.stages)
             if not held and await self._restart_for_lost_streams(p, failed):
                 return
-            stages_only = stages_only and held
-            models = p.stages if stages_only else p.models
-            old = [s for s in before if s.model in models]   # the entry kept, its stub is no old one
-            log.error("reloading %s%s", ", ".join(models), f" ({p.name} holds)" if stages_only else "")
+            log.error("reloading %s%s", ", ".join(p.models), f" ({p.name} holds meanwhile)" if held else "")
             backoff = 1.0
             while not self.stop_requested.is_set():
                 try:
-                    await self._reload(p, entry=not stages_only)
-                    if stages_only:
-                        try:
-                            await self.control.resume(p)
-                        except Exception:
-                            # the held entry does not answer: the next attempt loads it too
-                            stages_only, old = False, before
-                            raise
+                    await self._reload(p)
                     log.info("pipeline %s reloaded in %.1f s", p.name, time.monotonic() - t0)
                     reloaded = True
                     break
@@ -622,8 +611,8 @@ class Supervisor:
     async def _end_streams(self, p: Pipeline, why: str, hold: bool = False) -> bool:
         """Ask the entry to end its open streams with `unavailable: ...`: they hold the entry
         (Triton finalizes a model only after its last stream), and the ones waiting on a dead
-        stage never end by themselves; with `hold`, it also turns new streams away until
-        `resume`. False when the entry cannot: its stub exited, or it neither answered nor beat
+        stage never end by themselves; with `hold`, it also turns new streams away until a new
+        instance replaces it. False when the entry cannot: its stub exited, or it neither answered nor beat
         and was killed here; its clients' streams are then lost."""
         t0 = time.monotonic()
         for attempt in range(3):
@@ -670,11 +659,11 @@ class Supervisor:
         _kill_server(self.proc)
         return True
 
-    async def _reload(self, p: Pipeline, entry: bool) -> None:
+    async def _reload(self, p: Pipeline) -> None:
         """Unload and load the stages (while one is unloaded, strict readiness is false and the
-        speech API routes the pipeline elsewhere); then, with `entry`, load the entry in place:
-        Triton loads a new instance beside the old one and swaps them, so the pipeline's name is
-        never unknown. An entry is never unloaded here."""
+        speech API routes the pipeline elsewhere), then load the entry in place: Triton loads a
+        new instance beside the old one and swaps them, so the pipeline's name is never unknown.
+        An entry is never unloaded here."""
         for model in p.stages:
             await self.control.unload(model)
         # No need to wait for the old instances to finish unloading (a model whose stub died
@@ -688,8 +677,7 @@ class Supervisor:
         # all at once: loaded one after another, the server called itself ready (unloaded models
         # do not count) between one stage's load and the next
         await asyncio.gather(*(self.control.load(model) for model in p.stages))
-        if entry:   # its stages serve by the time its new instance takes requests
-            await self.control.load(p.name)
+        await self.control.load(p.name)   # its stages serve by the time its new instance takes requests
 
     # -- shutdown
     async def _shutdown(self, exited: asyncio.Future) -> None:

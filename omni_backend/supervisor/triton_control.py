@@ -133,11 +133,9 @@ class TritonControl:
         await asyncio.wait_for(self._control(pipeline.name, "abort", timeout_s, why), timeout_s + 0.5)
 
     async def hold(self, pipeline: Pipeline, why: str, timeout_s: float = 5.0) -> None:
-        """As `abort`, and the entry turns new streams away with the same answer until `resume`."""
+        """As `abort`, and the entry turns new streams away with the same answer for as long as it
+        is loaded (the heal loads a new instance in its place)."""
         await asyncio.wait_for(self._control(pipeline.name, "hold", timeout_s, why), timeout_s + 0.5)
-
-    async def resume(self, pipeline: Pipeline, timeout_s: float = 5.0) -> None:
-        await asyncio.wait_for(self._control(pipeline.name, "resume", timeout_s), timeout_s + 0.5)
 
     async def unload(self, model: str, timeout_s: float = 10.0) -> None:
         await self.client.unload_model(model, client_timeout=timeout_s)

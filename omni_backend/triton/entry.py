@@ -13,8 +13,9 @@ CONTROL messages (from the supervisor, omni_backend/supervisor): `ping` asks eve
 fails naming the first stage that does not answer; `drain` (before a shutdown) turns new streams
 away with `unavailable:` while the running ones finish; `abort` ends every open stream with
 `unavailable: <TEXT>` (the drain ran out of time); `hold` does the same and turns new streams away
-with it until `resume` (the supervisor reloads the pipeline's stages meanwhile: the entry stays
-loaded, so no client is told the pipeline does not exist). From clients: `append` gives
+with it from then on (a stage died: the supervisor reloads the stages, then loads a new entry
+instance in this one's place; the entry stays loaded meanwhile, so no client is told that the
+pipeline does not exist). From clients: `append` gives
 a running stream that was opened with `streaming_input` more text (omni_backend/triton/text_input.py);
 `cancel` (PARAMS `{"request_id": ...}`) ends a stream whose client left (`cancel_stream`).
 """
@@ -63,7 +64,7 @@ class PipelineEntry(DecoupledModel):
         self.metrics = PipelineMetrics(self.pipeline.name)
         self.metrics.active.set(0)   # a reloaded entry starts from the truth
         self.draining = False
-        self.held: str | None = None   # why new streams are turned away while the stages reload
+        self.held: str | None = None   # why new streams are turned away (until a new instance replaces this one)
         self.liveness = StageLiveness()
         self.transfers = {s.stage_id: import_path(s.transfer)(self.pipeline, s, self.deploy)
                           for s in self.pipeline.stages if s.transfer}
@@ -87,9 +88,6 @@ class PipelineEntry(DecoupledModel):
                 self.held = reason
             pb_utils.Logger.log_info(f"{self.model_name}: {command}: ending {len(self.active)} streams: {why}")
             await self.abort_all(Unavailable(reason))
-            return
-        if command == "resume":
-            self.held = None
             return
         if command != "ping":
             return await super().control(request, command)
