@@ -13,8 +13,9 @@ load is itself risky in 2.51 (a SIGSEGV in `TRITONBACKEND_ModelInstanceFinalize`
 pipeline was reloaded at a load average of 39 on 2 cores). A broken pipeline is reloaded through
 Triton's model-control API: the entry ends every open stream with `unavailable:` first and turns
 new ones away the same way (it holds), then the pipeline's stages are unloaded and loaded again,
-and a new entry instance is loaded in the old one's place (Triton swaps them). While they are unloaded the server is not ready (strict readiness), so load balancers and the
-speech API route elsewhere; the other pipelines keep serving. An entry is never unloaded, here
+and a new entry instance is loaded in the old one's place (Triton swaps them). While the stages
+are unloaded the server is not ready (strict readiness), so load balancers and the speech API
+route elsewhere; the other pipelines keep serving. An entry is never unloaded, here
 or in a drain (`_heal`, `_shutdown`): an unloaded entry is Triton's "unknown model" to clients.
 A stage stub that is alive but stuck is killed before its model is unloaded.
 An entry that died or froze with client streams open cannot end them, and 2.51 would keep them
@@ -612,8 +613,8 @@ class Supervisor:
         """Ask the entry to end its open streams with `unavailable: ...`: they hold the entry
         (Triton finalizes a model only after its last stream), and the ones waiting on a dead
         stage never end by themselves; with `hold`, it also turns new streams away until a new
-        instance replaces it. False when the entry cannot: its stub exited, or it neither answered nor beat
-        and was killed here; its clients' streams are then lost."""
+        instance replaces it. False when the entry cannot: its stub exited, or it neither
+        answered nor beat and was killed here; its clients' streams are then lost."""
         t0 = time.monotonic()
         for attempt in range(3):
             entry = [s for s in stubs.stubs_of(self.proc.pid) if s.model == p.name]
