@@ -12,8 +12,9 @@ CPU (`_wedged`): under overload pings wait behind real work, and reloading model
 load is itself risky in 2.51 (a SIGSEGV in `TRITONBACKEND_ModelInstanceFinalize` was seen when a
 pipeline was reloaded at a load average of 39 on 2 cores). A broken pipeline is reloaded through
 Triton's model-control API: the entry ends every open stream with `unavailable:` first and turns
-new ones away the same way (it holds), then the pipeline's stages are unloaded and loaded again,
-and a new entry instance is loaded in the old one's place (Triton swaps them). While the stages
+new ones away the same way (it holds), then the pipeline's stages are unloaded and loaded again
+and the entry resumes (an entry that failed itself is loaded in place: Triton swaps the new
+instance for the old one). While the stages
 are unloaded the server is not ready (strict readiness), so load balancers and the speech API
 route elsewhere; the other pipelines keep serving. An entry is never unloaded, here
 or in a drain (`_heal`, `_shutdown`): an unloaded entry is Triton's "unknown model" to clients.
@@ -544,12 +545,16 @@ class Supervisor:
         """Reload the failed pipeline. Its entry is never unloaded (every request that arrives
         meanwhile gets the entry's `unavailable: ... restarting`, never Triton's "unknown model",
         which clients and load balancers take as permanent): when a stage failed, the entry holds
-        (ends its streams, turns new ones away) while the stages reload; then the entry is loaded
-        in place, its new instance beside the old one (held, or failed itself), which Triton swaps."""
+        (ends its streams, turns new ones away) while the stages reload: once they are unloaded
+        it resumes, and takes streams again once its stages are loaded (no moment where the
+        server is ready and the entry refuses); an entry
+        that failed itself (or one of several instances, which a control message may not all
+        reach) is loaded in place: Triton loads its new instance beside the old one and swaps."""
         p = state.pipeline
         t0 = time.monotonic()
         reloaded = False
-        old = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
+        before = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
+        old = before
         log.error("pipeline %s failed: %s", p.name, failure)
         failed = failure.model or p.name
         why = f"the pipeline is restarting ({failed} failed)"
@@ -566,11 +571,23 @@ class Supervisor:
             held = await self._end_streams(p, why, hold=failure.model in p.stages)
             if not held and await self._restart_for_lost_streams(p, failed):
                 return
-            log.error("reloading %s%s", ", ".join(p.models), f" ({p.name} holds meanwhile)" if held else "")
+            entry_in_place = not held or p.entry_instances > 1
+            old = [s for s in before if s.model != p.name or entry_in_place]   # a kept entry's stub is no old one
+            log.error("reloading %s%s", ", ".join(p.models if entry_in_place else p.stages),
+                      f" ({p.name} holds meanwhile)" if held else "")
             backoff = 1.0
             while not self.stop_requested.is_set():
                 try:
-                    await self._reload(p)
+                    await self._unload_pipeline_stages(p)
+                    if not entry_in_place:
+                        try:   # it serves again as soon as its stages are loaded (no window)
+                            await self.control.resume(p)
+                        except Exception as e:  # noqa: BLE001 - then a new instance replaces it
+                            log.warning("%s did not resume (%s): loading it again", p.name, e)
+                            entry_in_place, old = True, before
+                    await self._load_pipeline_stages(p)
+                    if entry_in_place:   # its stages serve by the time its new instance takes requests
+                        await self.control.load(p.name)
                     log.info("pipeline %s reloaded in %.1f s", p.name, time.monotonic() - t0)
                     reloaded = True
                     break
@@ -612,8 +629,8 @@ class Supervisor:
     async def _end_streams(self, p: Pipeline, why: str, hold: bool = False) -> bool:
         """Ask the entry to end its open streams with `unavailable: ...`: they hold the entry
         (Triton finalizes a model only after its last stream), and the ones waiting on a dead
-        stage never end by themselves; with `hold`, it also turns new streams away until a new
-        instance replaces it. False when the entry cannot: its stub exited, or it neither
+        stage never end by themselves; with `hold`, it also turns new streams away until
+        `resume` (or a new instance replaces it). False when the entry cannot: its stub exited, or it neither
         answered nor beat and was killed here; its clients' streams are then lost."""
         t0 = time.monotonic()
         for attempt in range(3):
@@ -660,11 +677,10 @@ class Supervisor:
         _kill_server(self.proc)
         return True
 
-    async def _reload(self, p: Pipeline) -> None:
-        """Unload and load the stages (while one is unloaded, strict readiness is false and the
-        speech API routes the pipeline elsewhere), then load the entry in place: Triton loads a
-        new instance beside the old one and swaps them, so the pipeline's name is never unknown.
-        An entry is never unloaded here."""
+    async def _unload_pipeline_stages(self, p: Pipeline) -> None:
+        """Unload the stages (then `_load_pipeline_stages`): while one is unloaded, strict
+        readiness is false and the speech API routes the pipeline elsewhere. (An entry is never
+        unloaded: its name would be unknown to clients meanwhile.)"""
         for model in p.stages:
             await self.control.unload(model)
         # No need to wait for the old instances to finish unloading (a model whose stub died
@@ -675,10 +691,11 @@ class Supervisor:
             if not any(states.get(m) == "READY" for m in p.stages):
                 break
             await asyncio.sleep(0.05)
+
+    async def _load_pipeline_stages(self, p: Pipeline) -> None:
         # all at once: loaded one after another, the server called itself ready (unloaded models
         # do not count) between one stage's load and the next
         await asyncio.gather(*(self.control.load(model) for model in p.stages))
-        await self.control.load(p.name)   # its stages serve by the time its new instance takes requests
 
     # -- shutdown
     async def _shutdown(self, exited: asyncio.Future) -> None:
