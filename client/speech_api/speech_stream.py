@@ -1,7 +1,8 @@
 """`WS /v1/audio/speech/stream`: text in as it is written, audio out as it is made.
 
 Wire-compatible with vLLM-Omni's endpoint. Client messages (JSON text frames): `session.config`
-(first; again between utterances to change it; stream_config.py), `input.text` (`text`),
+(first; again between utterances to change the fields it names for the utterances that follow;
+stream_config.py), `input.text` (`text`),
 `input.done` (ends the utterance; the connection stays), `session.close`. Server messages:
 `audio.start` (`utterance_index`, `sentence_index`, `sentence_text`, `format`, `sample_rate`),
 the audio as binary frames (with `audio_transport: json`: `audio.chunk` messages carrying
@@ -41,10 +42,11 @@ from client.speech_api.chat_request import refuse_chat_pipeline
 from client.speech_api.encoders import make_encoder
 from client.speech_api.encoders.base import pcm16
 from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
+from client.speech_api.request import _clean
 from client.speech_api.resample import Resampler
 from client.speech_api.pool import TritonEndpoint
 from client.speech_api.speed import TimeStretch
-from client.speech_api.stream_config import SessionConfig, error_message, parse_session_config
+from client.speech_api.stream_config import SessionConfig, error_message, merged_config, parse_session_config
 from client.speech_api.text_splitter import TextSplitter
 from client.triton_stream import TritonStreamError
 
@@ -257,13 +259,13 @@ class Utterance:
                 pipe = AudioPipe(self.config, rate)
             data = await loop.run_in_executor(None, pipe.push, audio)
             if data:
-                await self.session.send_audio(data, self.index, sentence, chunk_id, pipe.out_rate)
+                await self.session.send_audio(self.config, data, self.index, sentence, chunk_id, pipe.out_rate)
                 chunk_id += 1
                 total += len(data)
         if pipe is not None:
             data = await loop.run_in_executor(None, pipe.finish)
             if data:
-                await self.session.send_audio(data, self.index, sentence, chunk_id, pipe.out_rate)
+                await self.session.send_audio(self.config, data, self.index, sentence, chunk_id, pipe.out_rate)
                 total += len(data)
         return total
 
@@ -274,6 +276,7 @@ class SpeechStreamSession:
         self.shim = shim
         self.limits = shim.config.stream_limits
         self.config: SessionConfig | None = None
+        self.config_fields: dict[str, Any] = {}     # every session.config so far, later fields over earlier
         self.utterance: Utterance | None = None      # the one taking text now (no input.done yet)
         self.utterances: list[Utterance] = []
         self.next_index = 0
@@ -307,12 +310,19 @@ class SpeechStreamSession:
                 raise ClientGone() from None
 
     async def send_json(self, payload: dict) -> None:
-        await self._send({"type": "websocket.send", "text": json.dumps(payload, ensure_ascii=False)})
+        text = json.dumps(payload, ensure_ascii=False)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:   # a client's lone surrogate quoted back: \ud800 escapes instead
+            text = json.dumps(payload)
+        await self._send({"type": "websocket.send", "text": text})
 
-    async def send_audio(self, data: bytes, utterance: int, sentence: int, chunk_id: int, rate: int) -> None:
-        if self.config.transport == "json":
+    async def send_audio(self, config: SessionConfig, data: bytes, utterance: int, sentence: int, chunk_id: int,
+                         rate: int) -> None:
+        """Audio as the utterance's config says (a later session.config is for later utterances)."""
+        if config.transport == "json":
             await self.send_json({"type": "audio.chunk", "utterance_index": utterance, "sentence_index": sentence,
-                                  "chunk_id": chunk_id, "format": self.config.response_format, "sample_rate": rate,
+                                  "chunk_id": chunk_id, "format": config.response_format, "sample_rate": rate,
                                   "audio_b64": base64.b64encode(data).decode("ascii")})
         else:
             await self._send({"type": "websocket.send", "bytes": data})
@@ -393,6 +403,10 @@ class SpeechStreamSession:
             msg = json.loads(raw) if size <= self.limits.max_message_bytes else None
         except ValueError:
             msg = "bad"
+        except RecursionError:   # the client's nesting, as the HTTP body's: not our failure
+            await self.send_error(invalid_request(None, "the message is nested too deeply to be a session message",
+                                                  code="invalid_json"))
+            return self.config is not None
         if msg is None:
             await self.send_error(invalid_request(None, f"message of {size} bytes is too large",
                                                   code="request_too_large"))
@@ -411,11 +425,13 @@ class SpeechStreamSession:
                 await self.send_error(invalid_request("session.config", "session.config: not while an utterance "
                                                                         "is in progress; send input.done first"))
                 return True
+            fields = merged_config(self.config_fields, msg)
             try:
-                self.config = parse_session_config(msg, self._resolve, self.shim.catalog, self.shim.voices)
+                self.config = parse_session_config(fields, self._resolve, self.shim.catalog, self.shim.voices)
             except ApiError as e:
-                await self.send_error(e)
+                await self.send_error(e)          # the config before it stays
                 return self.config is not None   # a bad first config ends the session
+            self.config_fields = fields
             return True
         if self.config is None:
             await self.send_error(invalid_request("type", f"type: expected session.config first, got {kind!r}"))
@@ -426,6 +442,11 @@ class SpeechStreamSession:
                 await self.send_error(invalid_request("text", "text: input.text needs a string"))
                 return True
             if not text:
+                return True
+            try:   # a lone surrogate or NUL cannot reach Triton (or go back in audio.start)
+                _clean("text", text)
+            except ApiError as e:
+                await self.send_error(e)
                 return True
             self._open_utterance()
             try:

@@ -116,6 +116,14 @@ def parse_session_config(msg: dict[str, Any], resolve, catalog, voices) -> Sessi
                          split=split, sample_rate=rate, transport=transport)
 
 
+def merged_config(earlier: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+    """A later `session.config` changes the fields it names; the others keep their values (null
+    sets one back to its default). `voice` and `speaker` are one field: naming either replaces both."""
+    if "voice" in msg or "speaker" in msg:
+        earlier = {k: v for k, v in earlier.items() if k not in ("voice", "speaker")}
+    return {**earlier, **msg}
+
+
 def error_message(error: ApiError) -> dict[str, Any]:
     """An ApiError as the session's `error` message: `message` starts with our stable code."""
     code = {400: "invalid_request", 404: "invalid_request", 413: "invalid_request",

@@ -11,10 +11,14 @@ stages). A pipeline that stops answering is broken only when the silent model al
 CPU (`_wedged`): under overload pings wait behind real work, and reloading models under heavy
 load is itself risky in 2.51 (a SIGSEGV in `TRITONBACKEND_ModelInstanceFinalize` was seen when a
 pipeline was reloaded at a load average of 39 on 2 cores). A broken pipeline is reloaded through
-Triton's model-control API: the entry ends every open stream with `unavailable:` first, then the
-pipeline's models are unloaded and loaded again. While they are unloaded the server is not ready
-(strict readiness), so load balancers and the speech API route elsewhere; the other pipelines
-keep serving. A stage stub that is alive but stuck is killed before its model is unloaded.
+Triton's model-control API: the entry ends every open stream with `unavailable:` first and turns
+new ones away the same way (it holds), then the pipeline's stages are unloaded and loaded again
+and the entry resumes (an entry that failed itself is loaded in place: Triton swaps the new
+instance for the old one). While the stages
+are unloaded the server is not ready (strict readiness), so load balancers and the speech API
+route elsewhere; the other pipelines keep serving. An entry is never unloaded, here
+or in a drain (`_heal`, `_shutdown`): an unloaded entry is Triton's "unknown model" to clients.
+A stage stub that is alive but stuck is killed before its model is unloaded.
 An entry that died or froze with client streams open cannot end them, and 2.51 would keep them
 open for ever: then the whole server is restarted instead, which closes them.
 """
@@ -538,10 +542,19 @@ class Supervisor:
         return silent_s >= self.opts.unresponsive_secs
 
     async def _heal(self, state: PipelineState, failure: PingFailed) -> None:
+        """Reload the failed pipeline. Its entry is never unloaded (every request that arrives
+        meanwhile gets the entry's `unavailable: ... restarting`, never Triton's "unknown model",
+        which clients and load balancers take as permanent): when a stage failed, the entry holds
+        (ends its streams, turns new ones away) while the stages reload: once they are unloaded
+        it resumes, and takes streams again once its stages are loaded (no moment where the
+        server is ready and the entry refuses); an entry
+        that failed itself (or one of several instances, which a control message may not all
+        reach) is loaded in place: Triton loads its new instance beside the old one and swaps."""
         p = state.pipeline
         t0 = time.monotonic()
         reloaded = False
-        old = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
+        before = [s for s in stubs.stubs_of(self.proc.pid) if s.model in p.models]
+        old = before
         log.error("pipeline %s failed: %s", p.name, failure)
         failed = failure.model or p.name
         why = f"the pipeline is restarting ({failed} failed)"
@@ -555,13 +568,26 @@ class Supervisor:
                 # unload: it goes now. The entry is asked to end its streams first.
                 await self._stacks_written(failure.model)
                 stubs.kill([s for s in stubs.stubs_of(self.proc.pid) if s.model == failure.model])
-            if not await self._end_streams(p, why) and await self._restart_for_lost_streams(p, failed):
+            held = await self._end_streams(p, why, hold=failure.model in p.stages)
+            if not held and await self._restart_for_lost_streams(p, failed):
                 return
-            log.error("reloading %s", ", ".join(p.models))
+            entry_in_place = not held or p.entry_instances > 1
+            old = [s for s in before if s.model != p.name or entry_in_place]   # a kept entry's stub is no old one
+            log.error("reloading %s%s", ", ".join(p.models if entry_in_place else p.stages),
+                      f" ({p.name} holds meanwhile)" if held else "")
             backoff = 1.0
             while not self.stop_requested.is_set():
                 try:
-                    await self._reload(p)
+                    await self._unload_pipeline_stages(p)
+                    if not entry_in_place:
+                        try:   # it serves again as soon as its stages are loaded (no window)
+                            await self.control.resume(p)
+                        except Exception as e:  # noqa: BLE001 - then a new instance replaces it
+                            log.warning("%s did not resume (%s): loading it again", p.name, e)
+                            entry_in_place, old = True, before
+                    await self._load_pipeline_stages(p)
+                    if entry_in_place:   # its stages serve by the time its new instance takes requests
+                        await self.control.load(p.name)
                     log.info("pipeline %s reloaded in %.1f s", p.name, time.monotonic() - t0)
                     reloaded = True
                     break
@@ -600,11 +626,12 @@ class Supervisor:
         if any(s.pid in self.stuck for s in stubs.stubs_of(self.proc.pid) if s.model == model):
             await asyncio.sleep(STACKS_BEFORE_KILL_S)
 
-    async def _end_streams(self, p: Pipeline, why: str) -> bool:
+    async def _end_streams(self, p: Pipeline, why: str, hold: bool = False) -> bool:
         """Ask the entry to end its open streams with `unavailable: ...`: they hold the entry
         (Triton finalizes a model only after its last stream), and the ones waiting on a dead
-        stage never end by themselves. False when the entry cannot: its stub exited, or it
-        neither answered nor beat and was killed here; its clients' streams are then lost."""
+        stage never end by themselves; with `hold`, it also turns new streams away until
+        `resume` (or a new instance replaces it). False when the entry cannot: its stub exited, or it neither
+        answered nor beat and was killed here; its clients' streams are then lost."""
         t0 = time.monotonic()
         for attempt in range(3):
             entry = [s for s in stubs.stubs_of(self.proc.pid) if s.model == p.name]
@@ -614,7 +641,7 @@ class Supervisor:
                 stubs.kill(entry)
                 return False
             try:
-                await self.control.abort(p, why, timeout_s=10.0)
+                await (self.control.hold if hold else self.control.abort)(p, why, timeout_s=10.0)
                 log.info("%s ended its open streams in %.2f s", p.name, time.monotonic() - t0)
                 return True
             except Exception as e:  # noqa: BLE001 - slow (ask again) or stuck (killed below)
@@ -650,20 +677,25 @@ class Supervisor:
         _kill_server(self.proc)
         return True
 
-    async def _reload(self, p: Pipeline) -> None:
-        for model in p.models:
+    async def _unload_pipeline_stages(self, p: Pipeline) -> None:
+        """Unload the stages (then `_load_pipeline_stages`): while one is unloaded, strict
+        readiness is false and the speech API routes the pipeline elsewhere. (An entry is never
+        unloaded: its name would be unknown to clients meanwhile.)"""
+        for model in p.stages:
             await self.control.unload(model)
         # No need to wait for the old instances to finish unloading (a model whose stub died
         # never does: its requests keep it): Triton loads the new ones beside them.
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
             states = await self.control.model_states()
-            if not any(states.get(m) == "READY" for m in p.models):
+            if not any(states.get(m) == "READY" for m in p.stages):
                 break
             await asyncio.sleep(0.05)
+
+    async def _load_pipeline_stages(self, p: Pipeline) -> None:
         # all at once: loaded one after another, the server called itself ready (unloaded models
-        # do not count) between one model's load and the next, while the entry was still missing
-        await asyncio.gather(*(self.control.load(model) for model in [*p.stages, p.name]))
+        # do not count) between one stage's load and the next
+        await asyncio.gather(*(self.control.load(model) for model in p.stages))
 
     # -- shutdown
     async def _shutdown(self, exited: asyncio.Future) -> None:
@@ -682,7 +714,15 @@ class Supervisor:
             aborts = [self.control.abort(s.pipeline, "the server is shutting down", SHUTDOWN_CONTROL_SECS)
                       for s in self.states.values()]
             await asyncio.gather(*aborts, return_exceptions=True)
-        if not exited.done():
+            if self.opts.explicit_models and not self.hard_stop and not exited.done():
+                await self._unload_stages(exited)
+        if self.states and not exited.done():
+            # Not SIGTERM: tritonserver's own stop unloads the entries while it still takes
+            # requests, and every request then hears "unknown model" (NOT_FOUND, permanent to a
+            # client) instead of the entries' `unavailable: ... shutting down`. Killed, it closes
+            # its connections (gRPC UNAVAILABLE); what it leaves is cleaned up (_clean_after).
+            log.info("stopping tritonserver")
+        elif not exited.done():   # still starting: nothing is served yet, its own stop is clean
             self.proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(exited), 0.1 if self.hard_stop else self.opts.stop_secs)
@@ -692,6 +732,25 @@ class Supervisor:
             _kill_server(self.proc)
             await exited
         log.info("tritonserver stopped in %.1f s", time.monotonic() - t0)
+
+    async def _unload_stages(self, exited: asyncio.Future) -> None:
+        """The drained server's stages are unloaded (their instances finalize: engines and worker
+        processes stop as they should) while its entries, still loaded, answer every request with
+        `unavailable: ... shutting down`; `stop_secs` at most."""
+        stages = [m for state in self.states.values() for m in state.pipeline.stages]
+        deadline = time.monotonic() + self.opts.stop_secs
+        await asyncio.gather(*(self.control.unload(m, timeout_s=self.opts.stop_secs) for m in stages),
+                             return_exceptions=True)
+        while time.monotonic() < deadline and not exited.done() and not self.hard_stop:
+            try:
+                states = await self.control.model_states()
+            except Exception:  # noqa: BLE001 - a server that no longer answers: it is killed next
+                return
+            if not any(states.get(m) in ("READY", "UNLOADING") for m in stages):
+                return
+            await asyncio.sleep(0.1)
+        if not exited.done() and not self.hard_stop:
+            log.warning("stages still unloading after %.1f s: stopping tritonserver anyway", self.opts.stop_secs)
 
     # -- leftovers
     def _clean_after(self, server_pid: int) -> None:

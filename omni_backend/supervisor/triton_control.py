@@ -20,6 +20,7 @@ from omni_backend.triton.metric_families import ACTIVE_STREAMS
 class Pipeline:
     name: str                                   # = its entry model
     stages: list[str] = field(default_factory=list)
+    entry_instances: int = 1
 
     @property
     def models(self) -> list[str]:
@@ -81,7 +82,8 @@ class TritonControl:
             if not pipeline:
                 continue
             if pipeline == name:
-                found.setdefault(name, Pipeline(name))
+                groups = reply.get("config", {}).get("instance_group") or [{}]
+                found.setdefault(name, Pipeline(name, entry_instances=sum(int(g.get("count", 1)) for g in groups)))
             else:
                 members.append((pipeline, name))
         for pipeline, name in members:
@@ -132,6 +134,13 @@ class TritonControl:
     async def abort(self, pipeline: Pipeline, why: str, timeout_s: float = 5.0) -> None:
         """End every open stream of the pipeline with `unavailable: <pipeline>: <why>`."""
         await asyncio.wait_for(self._control(pipeline.name, "abort", timeout_s, why), timeout_s + 0.5)
+
+    async def hold(self, pipeline: Pipeline, why: str, timeout_s: float = 5.0) -> None:
+        """As `abort`, and the entry turns new streams away with the same answer until `resume`."""
+        await asyncio.wait_for(self._control(pipeline.name, "hold", timeout_s, why), timeout_s + 0.5)
+
+    async def resume(self, pipeline: Pipeline, timeout_s: float = 5.0) -> None:
+        await asyncio.wait_for(self._control(pipeline.name, "resume", timeout_s), timeout_s + 0.5)
 
     async def unload(self, model: str, timeout_s: float = 10.0) -> None:
         await self.client.unload_model(model, client_timeout=timeout_s)

@@ -12,7 +12,10 @@ stream, metrics, admission and cancellation.
 CONTROL messages (from the supervisor, omni_backend/supervisor): `ping` asks every stage too and
 fails naming the first stage that does not answer; `drain` (before a shutdown) turns new streams
 away with `unavailable:` while the running ones finish; `abort` ends every open stream with
-`unavailable: <TEXT>` (a stage died, or the drain ran out of time). From clients: `append` gives
+`unavailable: <TEXT>` (the drain ran out of time); `hold` does the same and turns new streams away
+with it (a stage died and the supervisor reloads the stages: the entry stays loaded meanwhile, so
+no client is told that the pipeline does not exist); after `resume` (the stages are unloaded) it
+still does until every stage is loaded again. From clients: `append` gives
 a running stream that was opened with `streaming_input` more text (omni_backend/triton/text_input.py);
 `cancel` (PARAMS `{"request_id": ...}`) ends a stream whose client left (`cancel_stream`).
 """
@@ -62,6 +65,8 @@ class PipelineEntry(DecoupledModel):
         self.metrics = PipelineMetrics(self.pipeline.name)
         self.metrics.active.set(0)   # a reloaded entry starts from the truth
         self.draining = False
+        self.held: str | None = None       # why new streams are turned away while the stages reload
+        self.resuming: str | None = None   # ... after `resume`, until every stage is loaded again
         self.liveness = StageLiveness()
         self.transfers = {s.stage_id: import_path(s.transfer)(self.pipeline, s, self.deploy)
                           for s in self.pipeline.stages if s.transfer}
@@ -78,10 +83,16 @@ class PipelineEntry(DecoupledModel):
         if command == "cancel":  # the client left: see `cancel_stream`
             self.cancel_stream(cancel_target(input_bytes(request, "PARAMS")))
             return
-        if command == "abort":  # TEXT says why; every open stream ends with it
+        if command in ("abort", "hold"):  # TEXT says why; every open stream ends with it
             why = (input_bytes(request, "TEXT") or b"").decode(errors="replace").strip()
-            pb_utils.Logger.log_info(f"{self.model_name}: aborting {len(self.active)} streams: {why}")
-            await self.abort_all(Unavailable(f"{self.pipeline.name}: {why or 'the pipeline is restarting'}; retry"))
+            reason = f"{self.pipeline.name}: {why or 'the pipeline is restarting'}; retry"
+            if command == "hold":   # before the streams end: none may start in between
+                self.held = reason
+            pb_utils.Logger.log_info(f"{self.model_name}: {command}: ending {len(self.active)} streams: {why}")
+            await self.abort_all(Unavailable(reason))
+            return
+        if command == "resume":   # the stages are unloaded: serve once they are loaded again
+            self.resuming, self.held = self.held, None
             return
         if command != "ping":
             return await super().control(request, command)
@@ -110,6 +121,8 @@ class PipelineEntry(DecoupledModel):
         ctx.t0 = time.perf_counter()
         if self.draining:
             raise Unavailable(f"{self.pipeline.name}: the server is shutting down; retry on another server")
+        if self.held is not None:
+            raise Unavailable(self.held)
         if len(self.active) > self.deploy.entry.max_streams:
             raise Unavailable(f"{self.pipeline.name} is at its limit of "
                               f"{self.deploy.entry.max_streams} concurrent streams; retry shortly", busy=True)
@@ -187,7 +200,14 @@ class PipelineEntry(DecoupledModel):
             value = value[0]
         return pb_utils.Tensor(spec.name, np.ascontiguousarray(value, dtype=spec.numpy_dtype))
 
+    def _stages_ready(self) -> bool:
+        return all(pb_utils.is_model_ready(self.pipeline.stage_model_name(stage)) for stage in self.pipeline.stages)
+
     async def stream(self, ctx: StreamContext) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        if self.resuming is not None:   # asked of Triton off the loop, until the stages are back
+            if not await self.run_blocking(self._stages_ready):
+                raise Unavailable(self.resuming)
+            self.resuming = None
         request = self.adapter.validate(input_bytes(ctx.request, "TEXT") or b"",
                                         input_bytes(ctx.request, "PARAMS"))
         rate = np.array([self.sample_rate], dtype=np.int32)

@@ -203,8 +203,8 @@ def test_a_killed_stage_is_noticed_and_the_pipeline_heals(own_server, triton, tm
                                  "response_format": "wav"})
             assert r.status_code == 200 and r.headers["x-omni-model"] == QWEN, r.text[:300]
         assert pair.health() == 200   # every pipeline is still served by one of its servers
-        # a request that arrives meanwhile gets an answer our clients code as unavailable
-        # (Triton's own "no available versions" while the entry reloads), not a hang
+        # a request that arrives meanwhile is told to retry, not left hanging (the held entry's
+        # answer; gRPC's own UNAVAILABLE when the kill took tritonserver down and it restarts)
         early = Stream(server.grpc_url, QWEN, "Too early.").start()
         early.wait(60)
         assert early.end == "final" or error_code(early.end) == "unavailable", early.end
@@ -563,3 +563,143 @@ def test_a_server_whose_starter_is_killed_stops_and_cleans_up(tmp_path):
     wait_until(lambda: not Path(f"/proc/{supervisor}").exists() and not Path(f"/proc/{server}").exists(), 20)
     wait_until(lambda: not any(stubs.alive(s) for s in server_stubs), 5)
     assert not {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")} & regions
+
+
+class Hammer:
+    """Requests one after another on `threads` threads (gRPC streams to `model`, and speech API
+    POSTs when a shim is given), each outcome kept, until stopped: what clients hear while the
+    server heals or drains."""
+
+    def __init__(self, url: str, model: str, text: str, threads: int = 2, shim: ShimProcess | None = None,
+                 voice: str = "heart"):
+        self.url, self.model, self.text, self.shim, self.voice = url, model, text, shim, voice
+        self.streams: list[Stream] = []
+        self.posts: list[tuple[int | None, str | None, str]] = []   # (status, Retry-After, body)
+        self.stopped = threading.Event()
+        self.threads = [threading.Thread(target=self._streams, daemon=True) for _ in range(threads)]
+        if shim is not None:
+            self.threads.append(threading.Thread(target=self._posts, daemon=True))
+
+    def __enter__(self) -> "Hammer":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        for t in self.threads:
+            t.join(150)
+
+    def _streams(self) -> None:
+        while not self.stopped.is_set():
+            s = Stream(self.url, self.model, self.text)
+            s._run()
+            self.streams.append(s)
+
+    def _posts(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                r = httpx.post(f"{self.shim.url}/v1/audio/speech", timeout=60,
+                               json={"model": self.model, "input": self.text, "voice": self.voice,
+                                     "response_format": "wav"})
+                self.posts.append((r.status_code, r.headers.get("retry-after"), r.text[:200] if r.status_code != 200
+                                   else ""))
+            except httpx.HTTPError as e:
+                self.posts.append((None, None, repr(e)))
+
+    def errors(self) -> list[tuple[str | None, str]]:
+        return [(s.status, s.end) for s in self.streams if s.end != "final"]
+
+
+def _told_to_retry(status: str | None, end: str) -> bool:
+    """Our coded, retryable answer (the entry's `unavailable:`), or gRPC's own UNAVAILABLE (a
+    server that is gone); never Triton's "unknown model", which a client takes as permanent."""
+    return (status is None and end.startswith("unavailable:")) or status == "StatusCode.UNAVAILABLE"
+
+
+@pytest.fixture
+def hibari_server(tmp_path):
+    """A supervised tritonserver serving hibari alone (quick to start and to heal)."""
+    server = TritonProcess(repository(tmp_path, ["hibari"]), log_path=tmp_path / "tritonserver.log")
+    server.start(timeout_s=300)
+    wait_until(lambda: "watching" in server.log_text(), 30)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_requests_during_a_heal_are_told_to_retry_never_that_the_pipeline_is_unknown(hibari_server, tmp_path):
+    """While a pipeline reloads after its stage died, its entry stays loaded: every request that
+    arrives hears `unavailable: hibari: the pipeline is restarting ...; retry` (it used to hear
+    Triton's "Request for unknown model: 'hibari' has no available versions" while the entry was
+    unloaded), and the speech API answers 503 with Retry-After."""
+    server = hibari_server
+    shim = ShimProcess([server.grpc_url], log_path=tmp_path / "shim.log", extra_args=["--probe-interval", "0.5"])
+    shim.start()
+    try:
+        with Hammer(server.grpc_url, "hibari", "Knocking again.", shim=shim) as hammer:
+            wait_until(lambda: any(s.end == "final" for s in hammer.streams), 60)
+            # a stub killed while it holds the Python backend's shared-memory lock can take
+            # tritonserver down (lock_exception, SIGABRT): it is restarted, not healed; kill again
+            for _ in range(3):
+                seen = len(server.log_text())
+                os.kill(stage_stubs(server, "hibari__synthesizer")[0].pid, signal.SIGKILL)
+                wait_until(lambda: any(said in server.log_text()[seen:]
+                                       for said in ("reloaded", "tritonserver exited with")), 120, 0.2)
+                wait_until(lambda: ready(server) == 200 and stage_stubs(server, "hibari__synthesizer"), 120, 0.2)
+                served = len(hammer.streams)
+                wait_until(lambda: any(s.end == "final" for s in hammer.streams[served:]), 60)   # serving again
+                if "reloaded" in server.log_text()[seen:]:
+                    break
+            assert "reloaded" in server.log_text()[seen:], server.log_text()[-3000:]
+        errors = hammer.errors()
+        assert errors, "no request arrived during the heal"
+        wrong = [e for e in errors if not _told_to_retry(*e)]
+        assert not wrong, wrong[:5]
+        assert any(end.startswith("unavailable: hibari: the pipeline is restarting (hibari__synthesizer failed)")
+                   for _, end in errors), errors[:5]
+        assert {status for status, _, _ in hammer.posts} <= {200, 503}, hammer.posts
+        refused = [p for p in hammer.posts if p[0] == 503]
+        assert all(retry is not None for _, retry, _ in refused), refused
+        assert "holds" in server.log_text()   # the entry was not unloaded
+    finally:
+        shim.stop()
+
+
+def test_requests_during_a_drain_are_told_to_retry_never_that_the_pipeline_is_unknown(hibari_server, tmp_path):
+    """On SIGTERM the entries turn new streams away with `unavailable: ... shutting down` and stay
+    loaded until the server is gone (tritonserver's own stop unloaded them first, and requests
+    meanwhile heard "unknown model"); then the connection is refused (gRPC UNAVAILABLE). The
+    speech API answers 503 with Retry-After throughout."""
+    server = hibari_server
+    own_stubs = stubs.stubs_of(server_pid(server))
+    regions = _regions_of(own_stubs)
+    shim = ShimProcess([server.grpc_url], log_path=tmp_path / "shim.log", extra_args=["--probe-interval", "0.5"])
+    shim.start()
+    try:
+        with Hammer(server.grpc_url, "hibari", "Knocking again.", threads=3, shim=shim) as hammer:
+            wait_until(lambda: any(s.end == "final" for s in hammer.streams), 60)
+            t0 = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            server.proc.wait(timeout=12)
+            assert time.monotonic() - t0 < 10.0
+            time.sleep(1.0)   # requests to a server that is gone
+        errors = hammer.errors()
+        wrong = [e for e in errors if not _told_to_retry(*e)]
+        assert not wrong, wrong[:5]
+        assert any(end.startswith("unavailable: hibari: the server is shutting down") for _, end in errors), errors[:5]
+        assert any(status == "StatusCode.UNAVAILABLE" for status, _ in errors), errors[-5:]
+        assert {status for status, _, _ in hammer.posts} <= {200, 503}, hammer.posts
+        refused = [p for p in hammer.posts if p[0] == 503]
+        assert refused and all(retry is not None for _, retry, _ in refused), refused
+        # killed, not stopped by itself: still nothing left behind
+        time.sleep(0.5)
+        assert not [s for s in own_stubs if stubs.alive(s)]
+        left = {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")} & regions
+        assert not left, left
+    finally:
+        shim.stop()

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import random
 import re
 import time
@@ -213,3 +214,81 @@ def test_a_client_that_reads_nothing_is_cut_off(text_shim, text_triton):
     stopped, received = asyncio.run(scenario())
     assert stopped
     assert received < full, received
+
+
+async def _exchange(url: str, messages: list, dones: int, timeout_s: float = 60.0) -> list:
+    """Send each message (a dict as JSON, or a raw str), then read until `dones` session.done
+    messages or the server closes; returns what came (dicts, bytes), in order."""
+    import json as _json
+
+    from websockets.asyncio.client import connect
+
+    got: list = []
+    async with connect(url, max_size=None) as ws:
+        for m in messages:
+            await ws.send(m if isinstance(m, str) else _json.dumps(m))
+
+        async def read() -> None:
+            async for data in ws:
+                got.append(data if isinstance(data, bytes) else _json.loads(data))
+                if sum(isinstance(g, dict) and g["type"] == "session.done" for g in got) >= dones:
+                    return
+        await asyncio.wait_for(read(), timeout_s)
+    return got
+
+
+NOT_SPEAKABLE = {"lone surrogate": "\ud800 hi", "NUL": "hi\x00 there"}
+
+
+@pytest.mark.parametrize("split", ["none", "sentence", "append"])
+@pytest.mark.parametrize("text", list(NOT_SPEAKABLE.values()), ids=list(NOT_SPEAKABLE))
+def test_text_that_cannot_be_encoded_is_refused_at_once_naming_text(text_shim, split, text):
+    """A lone surrogate (valid JSON as an escape) used to fail the utterance inside the server and
+    leave the client without a word until the idle timeout."""
+    t0 = time.monotonic()
+    got = asyncio.run(_exchange(ws_url(text_shim.url), [
+        {"type": "session.config", **_config(split_granularity=split)},
+        {"type": "input.text", "text": text}, {"type": "input.done"}], dones=1, timeout_s=20))
+    errors = [g for g in got if isinstance(g, dict) and g["type"] == "error"]
+    assert len(errors) == 1, got
+    assert errors[0]["code"] == "invalid_request" and errors[0]["param"] == "text", errors
+    assert errors[0]["message"].startswith("invalid_request: text: contains "), errors
+    assert got[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 0}, got
+    assert time.monotonic() - t0 < 2.0   # the shim's idle timeout is 3 s here
+
+
+def test_a_second_session_config_changes_the_fields_it_names_for_the_next_utterance(text_shim):
+    """Between utterances a session.config changes what it names (here the voice and the audio
+    transport) for the utterances that follow; the rest of the config stays, and the utterance
+    already under way keeps its own, its transport included."""
+    url = ws_url(text_shim.url)
+    first = {**_config(split_granularity="none", max_new_tokens=40), "voice": "ryan"}
+    text = "The same words in two voices."
+
+    def solo(config: dict) -> bytes:
+        got = asyncio.run(_exchange(url, [{"type": "session.config", **config},
+                                          {"type": "input.text", "text": text}, {"type": "input.done"}], dones=1))
+        assert not [g for g in got if isinstance(g, dict) and g["type"] == "error"], got
+        return b"".join(g for g in got if isinstance(g, bytes))
+
+    ryan, eric = solo(first), solo({**first, "voice": "eric"})
+    assert ryan and eric and ryan != eric
+    got = asyncio.run(_exchange(url, [
+        {"type": "session.config", **first}, {"type": "input.text", "text": text}, {"type": "input.done"},
+        {"type": "session.config", "voice": "eric", "audio_transport": "json"},
+        {"type": "input.text", "text": text}, {"type": "input.done"}], dones=2))
+    assert not [g for g in got if isinstance(g, dict) and g["type"] == "error"], got
+    binary = b"".join(g for g in got if isinstance(g, bytes))
+    chunks = [g for g in got if isinstance(g, dict) and g["type"] == "audio.chunk"]
+    assert {c["utterance_index"] for c in chunks} == {1}, {c["utterance_index"] for c in chunks}
+    assert binary == ryan
+    assert b"".join(base64.b64decode(c["audio_b64"]) for c in chunks) == eric
+    assert all(c["format"] == "pcm" for c in chunks)   # kept from the first config
+
+
+def test_a_message_nested_too_deeply_is_the_clients_error(text_shim):
+    deep = '{"type": "session.config", "model": ' + "[" * 20000 + "]" * 20000 + "}"
+    got = asyncio.run(_exchange(ws_url(text_shim.url), [deep], dones=1, timeout_s=20))
+    assert len(got) == 1 and got[0]["type"] == "error", got
+    assert got[0]["code"] == "invalid_request" and got[0]["status"] == 400, got
+    assert "nested too deeply" in got[0]["message"], got
