@@ -6,7 +6,7 @@
     .venv/bin/python perf/bench.py --pipeline qwen3_tts --model /path/to/checkpoint --concurrency 1,4,8,16
     .venv/bin/python perf/bench.py --pipeline orpheus_tiny_random --engine vllm,torch --concurrency 1,4,8,16
     .venv/bin/python perf/bench.py --pipeline qwen3_omni_tiny_random --concurrency 1,4,8 --reference
-    .venv/bin/python perf/bench.py --pipeline voxcpm2_tiny_random --concurrency 1,4,8,16 --rates 1,2,4 \
+    .venv/bin/python perf/bench.py --pipeline voxcpm2_tiny_random --concurrency 1,4,8,16 --rate 1,2,4 \
         --deploy deploy/voxcpm2_tiny_random.batched.yaml
 
 For each concurrency c, c clients stream requests back to back over gRPC (tritonclient) from a
@@ -28,7 +28,7 @@ the LM's tokens/s is set against plain vLLM `LLM.generate` on the same checkpoin
 worker's engine arguments (perf/vllm_generate.py, in .venv-vllm): served / plain is our overhead.
 For Qwen3-Omni (perf/omni_bench.py) the table adds the time to the first text delta, and
 `--reference` times transformers' `generate()` on the same turns. For VoxCPM2 (perf/voxcpm2_bench.py)
-`--rates` adds open-loop arrival rates, and the reference's own streaming generator is timed in the
+`--rate` adds open-loop arrival rates as for the other families, and the reference's own streaming generator is timed in the
 same run.
 The server's start-up time and resident memory (server + stub processes) are reported too.
 Results are printed and appended to perf/RESULTS.md as a markdown table.
@@ -324,8 +324,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=280, help="LM tokens per Orpheus request (random weights never "
                                                             "stop); Qwen3-Omni: the thinker's answer limit")
     ap.add_argument("--reference-threads", type=int, default=2, help="qwen3_omni: threads of the reference process")
-    ap.add_argument("--rates", default="", help="voxcpm2: arrival rates (requests/s), e.g. 1,2,4")
-    ap.add_argument("--rate-requests", type=int, default=8, help="voxcpm2: requests per rate level")
     ap.add_argument("--patches", type=int, default=24, help="voxcpm2: LM steps per request at most")
     ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
     args = ap.parse_args(argv)

@@ -1,6 +1,6 @@
 """VoxCPM2 streaming benchmark (called by perf/bench.py for the voxcpm2 family).
 
-    .venv/bin/python perf/bench.py --pipeline voxcpm2_tiny_random --concurrency 1,4,8,16 --rates 1,2,4 \
+    .venv/bin/python perf/bench.py --pipeline voxcpm2_tiny_random --concurrency 1,4,8,16 --rate 1,2,4 \
         --deploy deploy/voxcpm2_tiny_random.batched.yaml
 
 Served through Triton: for each concurrency c, c clients stream requests back to back; for each
@@ -103,7 +103,7 @@ def voxcpm2_bench(args, argv, pipeline, deploy_path: str, levels: list[int]) -> 
     build(args.pipeline, repo, deploy_path, model if args.model else None)
     patches = args.patches
     params = {"min_len": max(0, patches - 2), "max_len": patches, "seed": 0}
-    rates = [float(r) for r in args.rates.split(",")] if args.rates else []
+    rates = [float(r) for r in args.rate.split(",") if r]
     rows = []
     t0 = time.perf_counter()
     server = TritonProcess(repo, log_path=work / "tritonserver.log")
