@@ -117,6 +117,8 @@ async def _resolve_part(part: dict[str, Any], where: str, policy: FetchPolicy) -
     if url.startswith("data:"):
         return
     field = f"{where}.image_url.url"
+    if urlsplit(url).scheme.lower() not in ("http", "https"):
+        raise invalid_request(field, f"{field}: must be a data URL (data:image/png;base64,...) or an http(s) URL")
     if not policy.enabled:
         raise invalid_request(field, f"{field}: this server fetches no URL (send the image as a data URL, "
                                      "data:image/png;base64,...)")

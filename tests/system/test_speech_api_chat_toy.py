@@ -125,7 +125,9 @@ def test_text_only_has_no_audio(client):
     ({"audio": {"voice": "plain", "format": "wav"}}, "audio"),
     ({"messages": [{"role": "assistant", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "messages[0].content[0].type"),
+     "messages[0].content[0].image_url.url"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": "data:image/png;base64,iVBORw0KGgo="}}]}]}, "messages[0].content"),   # a model without media
     ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
                    {"role": "user", "content": "c"}]}, "messages"),   # the toy takes no history
     ({"gain": 9}, "gain"),
