@@ -56,6 +56,11 @@ def cancel_target(params: bytes | None) -> str:
     return fields["request_id"]
 
 
+# PARAMS larger than this are validated off the event loop (a small request's checks take
+# microseconds; a large one may decode recordings or images)
+INLINE_VALIDATION_BYTES = 64 * 1024
+
+
 class PipelineEntry(DecoupledModel):
     def setup(self) -> None:
         built = built_model(self.parameters, self.model_name)
@@ -208,8 +213,13 @@ class PipelineEntry(DecoupledModel):
             if not await self.run_blocking(self._stages_ready):
                 raise Unavailable(self.resuming)
             self.resuming = None
-        request = self.adapter.validate(input_bytes(ctx.request, "TEXT") or b"",
-                                        input_bytes(ctx.request, "PARAMS"))
+        text, params = input_bytes(ctx.request, "TEXT") or b"", input_bytes(ctx.request, "PARAMS")
+        if params is not None and len(params) > INLINE_VALIDATION_BYTES:
+            # a request carrying media (recordings, images): decoding them is CPU work that must
+            # not hold the loop every stream of this entry shares
+            request = await self.run_blocking(self.adapter.validate, text, params)
+        else:
+            request = self.adapter.validate(text, params)
         rate = np.array([self.sample_rate], dtype=np.int32)
         first = True
         playback = Playback()   # what a listener of this stream hears, live
