@@ -20,14 +20,14 @@ oracle venv the reference fixture skips; under ``CI=true`` it fails.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.oracle_run import load_dump, run_oracle
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_OMNI_ORACLE_PYTHON = REPO / ".venv-omni-oracle" / "bin" / "python"
@@ -91,27 +91,12 @@ def qwen3_omni_waveform_samples(frames: int, total_upsample: int = 1920, upsampl
 
 def load_qwen3_omni_dump(out: Path) -> dict:
     """The oracle's output folder as ``{"meta": ..., "jobs": {id: {summary + arrays}}}``."""
-    report = json.loads((Path(out) / "reference.json").read_text(encoding="utf-8"))
-    jobs = {}
-    for job_id, summary in report["jobs"].items():
-        with np.load(Path(out) / f"{job_id}.npz") as data:
-            jobs[job_id] = {**summary, **{key: data[key] for key in data.files}}
-    return {"meta": report["meta"], "jobs": jobs}
+    return load_dump(out)
 
 
 def run_qwen3_omni_oracle(checkpoint: Path, jobs: list[dict], out: Path, timeout: float = 900) -> dict:
     """Run the reference over ``jobs`` for one checkpoint and load what it wrote."""
-    out.mkdir(parents=True, exist_ok=True)
-    jobs_path = out / "jobs.json"
-    jobs_path.write_text(json.dumps(jobs, ensure_ascii=False), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    proc = subprocess.run([str(QWEN3_OMNI_ORACLE_PYTHON), str(QWEN3_OMNI_ORACLE_SCRIPT), "--checkpoint",
-                           str(checkpoint), "--jobs", str(jobs_path), "--out", str(out),
-                           "--threads", str(QWEN3_OMNI_THREADS)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"Qwen3-Omni oracle failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return load_qwen3_omni_dump(out)
+    return run_oracle("Qwen3-Omni", QWEN3_OMNI_ORACLE_PYTHON, QWEN3_OMNI_ORACLE_SCRIPT, checkpoint, jobs, out, QWEN3_OMNI_THREADS, timeout)
 
 
 @pytest.fixture(scope="module")

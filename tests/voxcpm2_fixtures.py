@@ -15,13 +15,13 @@ fixture skips; under ``CI=true`` it fails.
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.oracle_run import load_dump, run_oracle
 
 REPO = Path(__file__).resolve().parents[1]
 VOXCPM2_ORACLE_PYTHON = REPO / ".venv-voxcpm-oracle" / "bin" / "python"
@@ -67,25 +67,13 @@ def recording_samples(seconds: float = 1.2, rate: int = 16000) -> np.ndarray:
 
 
 def load_voxcpm2_dump(out: Path) -> dict:
-    report = json.loads((Path(out) / "reference.json").read_text(encoding="utf-8"))
-    jobs = {}
-    for job_id, summary in report["jobs"].items():
-        with np.load(Path(out) / f"{job_id}.npz") as data:
-            jobs[job_id] = {**summary, **{key: data[key] for key in data.files}}
-    return {"meta": report["meta"], "jobs": jobs}
+    """The oracle's output folder as ``{"meta": ..., "jobs": {id: {summary + arrays}}}``."""
+    return load_dump(out)
 
 
 def run_voxcpm2_oracle(checkpoint: Path, jobs: list[dict], out: Path, timeout: float = 900) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    jobs_path = out / "jobs.json"
-    jobs_path.write_text(json.dumps(jobs, ensure_ascii=False), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    proc = subprocess.run([str(VOXCPM2_ORACLE_PYTHON), str(VOXCPM2_ORACLE_SCRIPT), "--checkpoint", str(checkpoint),
-                           "--jobs", str(jobs_path), "--out", str(out), "--threads", str(VOXCPM2_THREADS)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"VoxCPM2 oracle failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return load_voxcpm2_dump(out)
+    """Run the reference over ``jobs`` for one checkpoint and load what it wrote."""
+    return run_oracle("VoxCPM2", VOXCPM2_ORACLE_PYTHON, VOXCPM2_ORACLE_SCRIPT, checkpoint, jobs, out, VOXCPM2_THREADS, timeout)
 
 
 @pytest.fixture(scope="session")
