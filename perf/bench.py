@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="omni-bench-"))
     if pipeline.family == "qwen3_tts":
         from omni_backend.models.qwen3_tts.builtin import cache_root, resolve_checkpoint
-        from omni_backend.testing.qwen3_tts_random import write_random_checkpoint
+        from omni_backend.models.qwen3_tts.random_checkpoint import write_random_checkpoint
 
         if args.size:
             model = str(cache_root() / f"bench-{args.size}")

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from omni_backend.engine import SamplingParams  # noqa: E402
 from omni_backend.models.qwen3_tts.checkpoint import load_checkpoint  # noqa: E402
 from omni_backend.models.qwen3_tts.exact_step import BatchInvariantOps  # noqa: E402
-from omni_backend.testing.qwen3_tts_random import write_random_checkpoint  # noqa: E402
+from omni_backend.models.qwen3_tts.random_checkpoint import write_random_checkpoint  # noqa: E402
 from omni_backend.models.qwen3_tts.runner import create_engine  # noqa: E402
 
 TEXTS = ["Hello world, this is a benchmark of the streaming engine.", "你好，世界。今天天气很好。",

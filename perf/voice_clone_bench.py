@@ -37,10 +37,10 @@ def encoding(threads: int) -> None:
     import torch
 
     from hibari import Hibari
-    from omni_backend.testing.qwen3_tts_random import checkpoint_config, write_random_checkpoint
+    from omni_backend.models.qwen3_tts.random_checkpoint import checkpoint_config, write_random_checkpoint
     from omni_backend.models.qwen3_tts.speaker_encoder import SpeakerEncoder
     from omni_backend.models.qwen3_tts.speech_encoder import SpeechEncoder
-    from omni_backend.testing.qwen3_tts_random_speech_tokenizer import write_speech_tokenizer
+    from omni_backend.models.qwen3_tts.random_speech_tokenizer import write_speech_tokenizer
     from omni_backend.models.qwen3_tts.voice_clone import VoiceEncoder
 
     torch.set_num_threads(threads)

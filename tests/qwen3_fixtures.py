@@ -107,7 +107,7 @@ def qwen3_parity_prompts() -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="session")
 def qwen3_checkpoint_factory(tmp_path_factory):
-    from omni_backend.testing.qwen3_tts_random import write_random_checkpoint
+    from omni_backend.models.qwen3_tts.random_checkpoint import write_random_checkpoint
 
     root = tmp_path_factory.mktemp("qwen3_checkpoints")
     made: dict[tuple, Path] = {}

@@ -112,7 +112,7 @@ def qwen3_omni_threads():
 
 @pytest.fixture(scope="session")
 def qwen3_omni_checkpoints(tmp_path_factory) -> dict[str, Path]:
-    from omni_backend.testing.qwen3_omni_random import write_random_checkpoint
+    from omni_backend.models.qwen3_omni.random_checkpoint import write_random_checkpoint
 
     root = tmp_path_factory.mktemp("qwen3_omni_checkpoints")
     return {shape: Path(write_random_checkpoint(str(root / shape), shape, **rig))

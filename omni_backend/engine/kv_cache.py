@@ -9,7 +9,20 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["StaticKVCache"]
+__all__ = ["StaticKVCache", "length_buckets", "SHORTEST_LENGTH_BUCKET"]
+
+SHORTEST_LENGTH_BUCKET = 256
+
+
+def length_buckets(max_model_len: int, shortest: int = SHORTEST_LENGTH_BUCKET) -> list[int]:
+    """Attention lengths a static step is captured for: doubling from ``shortest``, and
+    ``max_model_len`` (a step reads a slot up to its batch's furthest position rounded up to one,
+    not the whole cache)."""
+    out, length = [], shortest
+    while length < max_model_len:
+        out.append(length)
+        length *= 2
+    return out + [max_model_len]
 
 
 class StaticKVCache:

@@ -5,7 +5,8 @@
 
 Steps (each prints as it goes; the tables are appended to perf/RESULTS.md):
 
-1. random-weight checkpoints of the released 0.6B and 1.7B shapes (bf16, ``omni_backend.testing.qwen3_tts_random``);
+1. random-weight checkpoints of the released 0.6B and 1.7B shapes (bf16,
+   ``omni_backend.models.qwen3_tts.random_checkpoint``);
 2. greedy parity: the 1.7B AR engine with CUDA graphs vs the same engine with ``enforce_eager``,
    at concurrencies that hit bucket sizes and padded buckets, every frame compared;
 3. memory: the 0.6B pipeline (AR engine bf16 at ``max_num_seqs`` 16 + code2wav fp32) running
@@ -47,7 +48,7 @@ from omni_backend.chunking import CodecChunkSchedule  # noqa: E402
 from omni_backend.engine import SamplingParams  # noqa: E402
 from omni_backend.models.qwen3_tts.code2wav import Code2Wav, Code2WavGraphs  # noqa: E402
 from omni_backend.testing.qwen3_tts_graph_check import greedy_graph_parity  # noqa: E402
-from omni_backend.testing.qwen3_tts_random import write_random_checkpoint  # noqa: E402
+from omni_backend.models.qwen3_tts.random_checkpoint import write_random_checkpoint  # noqa: E402
 from omni_backend.models.qwen3_tts.runner import create_engine  # noqa: E402
 from omni_backend.models.qwen3_tts.sampling_params import sampling_params_from_request  # noqa: E402
 

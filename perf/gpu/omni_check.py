@@ -67,7 +67,7 @@ def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0):
     from omni_backend.models.qwen3_omni.moe import SparseMoeBlock
     from omni_backend.models.qwen3_omni.talker import Talker
     from omni_backend.models.qwen3_omni.thinker import Thinker
-    from omni_backend.testing.qwen3_omni_random import checkpoint_config
+    from omni_backend.models.qwen3_omni.random_checkpoint import checkpoint_config
 
     config = Qwen3OmniConfig.from_dict(checkpoint_config(shape))
     generator = torch.Generator(device=device).manual_seed(seed)

@@ -55,7 +55,7 @@ def _deploy(pipeline: str, model: str, left_context: int, base: Path) -> Path:
 @pytest.fixture(scope="module")
 def omni_server(qwen3_omni_reference, tmp_path_factory):
     from ensemble_builder.build import build
-    from omni_backend.testing.qwen3_omni_random import write_random_checkpoint
+    from omni_backend.models.qwen3_omni.random_checkpoint import write_random_checkpoint
 
     base = tmp_path_factory.mktemp("omni_server")
     long_checkpoint = write_random_checkpoint(str(base / "long"), "tiny", seed=3,
@@ -119,7 +119,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def tokenizer(qwen3_omni_reference):
-    from omni_backend.models.qwen3_tts.tokenizer import QwenTextTokenizer
+    from omni_backend.models.qwen3_common.tokenizer import QwenTextTokenizer
 
     return QwenTextTokenizer(str(qwen3_omni_reference["tiny"]["checkpoint"]))
 

@@ -61,7 +61,8 @@ def reference(triton):
     from omni_backend.models.qwen3_tts.code2wav import Code2Wav
     from omni_backend.models.qwen3_tts.runner import create_engine
     from omni_backend.models.qwen3_tts.sampling_params import sampling_params_from_request
-    from omni_backend.models.qwen3_tts.voice_clone import VoiceEncoder, decode_reference_audio
+    from omni_backend.models.qwen3_tts.voice_clone import VoiceEncoder
+    from omni_backend.reference_audio import decode_reference_audio
 
     path = resolve_checkpoint(f"builtin:{PIPELINE}")
     deploy = load_deploy(default_deploy_path(PIPELINE))

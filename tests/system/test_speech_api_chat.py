@@ -39,7 +39,7 @@ def stack(tmp_path_factory):
     pipeline on a checkpoint whose answers run long (LONG), and hibari (a model that reads aloud),
     and a speech API in front."""
     from ensemble_builder.build import build
-    from omni_backend.testing.qwen3_omni_random import write_random_checkpoint
+    from omni_backend.models.qwen3_omni.random_checkpoint import write_random_checkpoint
 
     base = tmp_path_factory.mktemp("omni_chat")
     repo = base / "model_repository"

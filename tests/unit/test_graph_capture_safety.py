@@ -18,8 +18,8 @@ from omni_backend.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_backend.models.qwen3_tts.decode import Qwen3Decode
 from omni_backend.models.qwen3_tts.static_step import GraphSafeStaticStep
 from omni_backend.models.qwen3_tts.talker import Talker
-from omni_backend.testing.qwen3_tts_random import checkpoint_config
-from omni_backend.testing.qwen3_tts_random_speech_tokenizer import speech_tokenizer_config
+from omni_backend.models.qwen3_tts.random_checkpoint import checkpoint_config
+from omni_backend.models.qwen3_tts.random_speech_tokenizer import speech_tokenizer_config
 
 META = torch.device("meta")
 

@@ -10,7 +10,13 @@ import torch
 from omni_backend.models.qwen3_tts.checkpoint import load_checkpoint, read_state_dict
 from omni_backend.models.qwen3_tts.config import ConfigError, GenerationDefaults, Qwen3TTSConfig
 from omni_backend.models.qwen3_tts.talker import Talker
-from omni_backend.testing.qwen3_tts_random import SIZES, _tensor_list, checkpoint_config, main, write_random_checkpoint
+from omni_backend.models.qwen3_tts.random_checkpoint import (
+    SIZES,
+    _tensor_list,
+    checkpoint_config,
+    main,
+    write_random_checkpoint,
+)
 
 
 def _sha(path) -> str:

@@ -26,7 +26,7 @@ from omni_backend.models.qwen3_tts.code2wav import (
     CodecWindow,
     plan_stream_windows,
 )
-from omni_backend.testing.qwen3_tts_random_speech_tokenizer import (
+from omni_backend.models.qwen3_tts.random_speech_tokenizer import (
     speech_tokenizer_config,
     speech_tokenizer_tensor_specs,
     write_speech_tokenizer,

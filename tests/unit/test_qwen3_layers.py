@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from omni_backend.engine.kv_cache import StaticKVCache
 from omni_backend.models.qwen3_tts.exact_step import BatchInvariantOps
-from omni_backend.models.qwen3_tts.layers import CodePredictorRotary, TalkerRotary
+from omni_backend.models.qwen3_tts.rotary import CodePredictorRotary, TalkerRotary
 
 
 @pytest.mark.parametrize("k, n, rows, bias", [(64, 3072, 1, False), (48, 24, 2, True), (136, 48, 1, False),

@@ -21,7 +21,7 @@ import pytest
 from omni_backend.engine import SamplingParams
 from omni_backend.models.qwen3_tts.runner import create_engine
 from omni_backend.models.qwen3_tts.streamed_text import StreamedText
-from omni_backend.models.qwen3_tts.tokenizer import QwenTextTokenizer, assistant_text
+from omni_backend.models.qwen3_common.tokenizer import QwenTextTokenizer, assistant_text
 from tests.qwen3_fixtures import QWEN3_TOKENIZER_TEXTS
 
 pytestmark = pytest.mark.usefixtures("qwen3_threads")

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from omni_backend.models.qwen3_tts.tokenizer import QwenTextTokenizer, uses_patched_split
+from omni_backend.models.qwen3_common.tokenizer import QwenTextTokenizer, uses_patched_split
 from tests.qwen3_fixtures import QWEN3_TOKENIZER_TEXTS
 
 

@@ -89,7 +89,7 @@ def test_mp3_upload_and_decode(tmp_path):
     mp3 = bytes(encoder.encode(pcm) + encoder.flush())
     voice = VoiceRegistry(tmp_path).add("mp3-voice", mp3, None, "true")
     assert voice.format == "mp3" and 1.9 < voice.duration_s < 2.2
-    from omni_backend.models.qwen3_tts.voice_clone import decode_reference_audio
+    from omni_backend.reference_audio import decode_reference_audio
 
     audio, rate = decode_reference_audio(VoiceRegistry(tmp_path).data_url(voice))
     assert rate == 24000 and 1.9 < audio.size / rate < 2.2

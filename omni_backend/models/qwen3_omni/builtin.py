@@ -27,7 +27,7 @@ def resolve_checkpoint(model: str) -> str:
     shape, seed, thinker_eos_after, talker_eos_after = BUILTIN[name]
 
     def write(folder) -> None:
-        from omni_backend.testing.qwen3_omni_random import write_random_checkpoint
+        from .random_checkpoint import write_random_checkpoint
 
         write_random_checkpoint(str(folder), shape, seed, thinker_eos_after, talker_eos_after)
     return written_once(name, _VERSION, write)

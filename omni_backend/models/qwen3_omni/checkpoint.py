@@ -18,8 +18,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from omni_backend.models.qwen3_tts.checkpoint import parse_dtype
-from omni_backend.models.qwen3_tts.tokenizer import QwenTextTokenizer
+from omni_backend.models.qwen3_common.dtype import parse_dtype
+from omni_backend.models.qwen3_common.tokenizer import QwenTextTokenizer
 
 from .audio_features import AudioFeatureExtractor
 from .audio_tower import AudioTower

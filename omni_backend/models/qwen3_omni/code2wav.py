@@ -32,7 +32,7 @@ import math
 import torch
 from torch import nn
 
-from omni_backend.models.qwen3_tts.code2wav_layers import (
+from omni_backend.models.qwen3_common.code2wav_layers import (
     CausalConv1d,
     ConvNeXtBlock,
     ResidualUnit,

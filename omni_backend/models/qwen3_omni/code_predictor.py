@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from omni_backend.models.qwen3_tts.code_predictor import CodePredictorModel
+from omni_backend.models.qwen3_common.code_predictor import CodePredictorModel
 
 from .config import CodePredictorConfig
 from .layers import KVCache, PlainRotary, attention_forward, mlp_forward, rms_norm

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from omni_backend.models.qwen3_tts.config import CodePredictorConfig
+from omni_backend.models.qwen3_common.config import CodePredictorConfig, ConfigError
 
 __all__ = [
     "ConfigError",
@@ -32,10 +32,6 @@ __all__ = [
     "Qwen3OmniConfig",
     "load_config",
 ]
-
-
-class ConfigError(ValueError):
-    """A ``config.json`` this implementation cannot serve (the message names the key)."""
 
 
 def _section(raw: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_backend.models.qwen3_tts.layers import MLP, Attention, RMSNorm
+from omni_backend.models.qwen3_common.layers import MLP, Attention, RMSNorm
 
 from .config import MoeTextConfig
 from .moe import SparseMoeBlock

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from omni_backend.errors import InvalidRequest
-from omni_backend.models.qwen3_tts.voice_clone import ReferenceAudioLimits, decode_reference_audio, resample
+from omni_backend.reference_audio import ReferenceAudioLimits, decode_reference_audio, resample
 
 __all__ = ["AudioLimits", "AUDIO_FORMATS", "Recording", "decode_input_audio", "MEDIA_PART_TYPES", "ImageLimits",
            "decode_image_url", "open_image"]

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_backend.models.qwen3_tts.layers import MLP, activation
+from omni_backend.models.qwen3_common.layers import MLP, activation
 
 __all__ = ["Router", "SparseMoeBlock"]
 

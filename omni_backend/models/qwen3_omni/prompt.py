@@ -32,7 +32,7 @@ never fed back.
 Streaming: the talker can start before the thinker has finished. :class:`TalkerInput` takes the
 thinker's tokens as they come (``add``; the caller says which call carries the last token) and
 its prefill is ready once enough assistant rows are known; the trailing text is a
-:class:`~omni_backend.models.qwen3_tts.trailing_text.TrailingText` that grows with the thinker and
+:class:`~omni_backend.models.qwen3_common.trailing_text.TrailingText` that grows with the thinker and
 closes with ``tts_eos``; a talker row that has used all text that arrived must wait
 (``trailing.has_row(frame)``).
 
@@ -60,8 +60,8 @@ import numpy as np
 import torch
 
 from omni_backend.errors import InvalidRequest
-from omni_backend.models.qwen3_tts.tokenizer import QwenTextTokenizer
-from omni_backend.models.qwen3_tts.trailing_text import TrailingText
+from omni_backend.models.qwen3_common.tokenizer import QwenTextTokenizer
+from omni_backend.models.qwen3_common.trailing_text import TrailingText
 
 from .audio_features import AudioFeatureExtractor
 from .config import Qwen3OmniConfig

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from omni_backend.models.qwen3_tts.tokenizer import QwenTextTokenizer
+from omni_backend.models.qwen3_common.tokenizer import QwenTextTokenizer
 
 __all__ = ["TextDeltas"]
 

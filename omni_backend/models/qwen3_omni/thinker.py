@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from omni_backend.models.qwen3_tts.layers import RMSNorm
+from omni_backend.models.qwen3_common.layers import RMSNorm
 
 from .config import MoeTextConfig
 from .layers import KVCache, MoeDecoderLayer, MultimodalRotary, rms_norm, text_positions

@@ -28,7 +28,7 @@ import torch
 
 from omni_backend.engine import Sequence, StepOutput
 from omni_backend.engine.cuda_graphs import GraphBuckets
-from omni_backend.models.qwen3_tts.static_step import length_buckets
+from omni_backend.engine.kv_cache import length_buckets
 
 from .batched_decode import decode_rows, slot_cache_for, store_prefill
 from .generate import Sampling

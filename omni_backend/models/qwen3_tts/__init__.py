@@ -17,5 +17,5 @@ AR stage, as the Triton stage uses it::
         event.finished   # last event; event.finish_reason: stop | length | cancelled | error
     engine.cancel(request_id)
 
-Random checkpoints for tests: ``python -m omni_backend.testing.qwen3_tts_random``.
+Random checkpoints for tests: ``python -m omni_backend.models.qwen3_tts.random_checkpoint``.
 """

@@ -67,7 +67,7 @@ class Qwen3TTSAdapter(TTSAdapter):
         from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
         from omni_backend.models.qwen3_tts.config import load_config
         from omni_backend.models.qwen3_tts.prompt import PromptBuilder
-        from omni_backend.models.qwen3_tts.tokenizer import QwenTextTokenizer
+        from omni_backend.models.qwen3_common.tokenizer import QwenTextTokenizer
 
         if not model_path:
             raise ValueError("qwen3_tts needs a checkpoint folder (--model PATH)")
@@ -145,7 +145,7 @@ class Qwen3TTSAdapter(TTSAdapter):
         import torch
 
         from omni_backend.models.qwen3_tts.prompt import VoiceClonePrompt
-        from omni_backend.models.qwen3_tts.voice_clone import ReferenceAudioLimits, decode_reference_audio
+        from omni_backend.reference_audio import ReferenceAudioLimits, decode_reference_audio
 
         if params.get("ref_audio") is None:
             raise InvalidRequest("ref_audio", "required by the Base (voice clone) checkpoint: a data URL or "

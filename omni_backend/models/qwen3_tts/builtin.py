@@ -28,7 +28,7 @@ def resolve_checkpoint(model: str) -> str:
     size, model_type, seed = BUILTIN[name]
 
     def write(folder) -> None:
-        from omni_backend.testing.qwen3_tts_random import write_random_checkpoint
+        from .random_checkpoint import write_random_checkpoint
 
         write_random_checkpoint(str(folder), size, model_type, seed)
     return written_once(name, _VERSION, write)

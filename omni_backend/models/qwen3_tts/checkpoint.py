@@ -13,24 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
+from omni_backend.models.qwen3_common.dtype import parse_dtype
+from omni_backend.models.qwen3_common.tokenizer import QwenTextTokenizer
+
 from .config import GenerationDefaults, Qwen3TTSConfig, load_config, load_generation_defaults
 from .prompt import PromptBuilder
 from .talker import Talker
-from .tokenizer import QwenTextTokenizer
 
-__all__ = ["Qwen3TTSCheckpoint", "load_checkpoint", "read_state_dict", "parse_dtype"]
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
-
-
-def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ValueError(f"dtype: unknown {dtype!r}; known: {', '.join(sorted(_DTYPES))}") from None
+__all__ = ["Qwen3TTSCheckpoint", "load_checkpoint", "read_state_dict"]
 
 
 @dataclass

@@ -62,7 +62,7 @@ from typing import Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from .code2wav_layers import (
+from omni_backend.models.qwen3_common.code2wav_layers import (
     CausalConv1d,
     CausalTransposedConv1d,
     ConvNeXtBlock,

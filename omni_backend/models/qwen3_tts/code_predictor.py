@@ -17,26 +17,12 @@ from torch import nn
 
 from omni_backend.engine.kv_cache import StaticKVCache
 
+from omni_backend.models.qwen3_common.code_predictor import CodePredictorModel
+
 from .config import CodePredictorConfig, TalkerConfig
-from .layers import CodePredictorRotary, DecoderLayer, RMSNorm
+from .rotary import CodePredictorRotary
 
-__all__ = ["CodePredictor", "CodePredictorModel"]
-
-
-class CodePredictorModel(nn.Module):
-    """Checkpoint prefix ``talker.code_predictor.model.``."""
-
-    def __init__(self, config: CodePredictorConfig, embedding_dim: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([
-            DecoderLayer(config.hidden_size, config.intermediate_size, config.num_attention_heads,
-                         config.num_key_value_heads, config.head_dim, config.rms_norm_eps, config.hidden_act,
-                         config.attention_bias)
-            for _ in range(config.num_hidden_layers)
-        ])
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.codec_embedding = nn.ModuleList(
-            [nn.Embedding(config.vocab_size, embedding_dim) for _ in range(config.num_code_groups - 1)])
+__all__ = ["CodePredictor"]
 
 
 class CodePredictor(nn.Module):

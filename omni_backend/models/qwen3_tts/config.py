@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from omni_backend.models.qwen3_common.config import CodePredictorConfig, ConfigError, read_head_dim
+
 __all__ = [
     "CodePredictorConfig",
     "TalkerConfig",
@@ -25,57 +27,32 @@ __all__ = [
 TTS_MODEL_TYPES = ("custom_voice", "voice_design", "base")
 
 
-class ConfigError(ValueError):
-    """A ``config.json`` this implementation cannot serve (names the offending key)."""
-
-
-def _head_dim(raw: Mapping[str, Any], hidden: int, heads: int, default: int | None) -> int:
-    value = raw.get("head_dim", default)
-    return int(value) if value else hidden // heads
-
-
-@dataclass(frozen=True)
-class CodePredictorConfig:
-    """The sub-talker ("MTP" module) that predicts codebooks 1..num_code_groups-1 of a frame."""
-
-    vocab_size: int = 2048
-    hidden_size: int = 1024
-    intermediate_size: int = 3072
-    num_hidden_layers: int = 5
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 8
-    head_dim: int = 128
-    hidden_act: str = "silu"
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    attention_bias: bool = False
-    num_code_groups: int = 32
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "CodePredictorConfig":
-        if raw.get("use_sliding_window"):
-            raise ConfigError("talker_config.code_predictor_config.use_sliding_window: sliding-window "
-                              "attention is not supported")
-        rope_scaling = raw.get("rope_scaling")
-        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type", "default")) != "default":
-            raise ConfigError("talker_config.code_predictor_config.rope_scaling: only the default RoPE is supported")
-        hidden = int(raw.get("hidden_size", cls.hidden_size))
-        heads = int(raw.get("num_attention_heads", cls.num_attention_heads))
-        kv = raw.get("num_key_value_heads", cls.num_key_value_heads)
-        return cls(
-            vocab_size=int(raw.get("vocab_size", cls.vocab_size)),
-            hidden_size=hidden,
-            intermediate_size=int(raw.get("intermediate_size", cls.intermediate_size)),
-            num_hidden_layers=int(raw.get("num_hidden_layers", cls.num_hidden_layers)),
-            num_attention_heads=heads,
-            num_key_value_heads=int(kv if kv is not None else heads),
-            head_dim=_head_dim(raw, hidden, heads, cls.head_dim),
-            hidden_act=str(raw.get("hidden_act", cls.hidden_act)),
-            rms_norm_eps=float(raw.get("rms_norm_eps", cls.rms_norm_eps)),
-            rope_theta=raw.get("rope_theta", cls.rope_theta),
-            attention_bias=bool(raw.get("attention_bias", cls.attention_bias)),
-            num_code_groups=int(raw.get("num_code_groups", cls.num_code_groups)),
-        )
+def _code_predictor(raw: Mapping[str, Any]) -> CodePredictorConfig:
+    """``talker_config.code_predictor_config`` as the reference ``Qwen3TTSTalkerCodePredictorConfig`` reads it."""
+    cls = CodePredictorConfig
+    if raw.get("use_sliding_window"):
+        raise ConfigError("talker_config.code_predictor_config.use_sliding_window: sliding-window "
+                          "attention is not supported")
+    rope_scaling = raw.get("rope_scaling")
+    if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type", "default")) != "default":
+        raise ConfigError("talker_config.code_predictor_config.rope_scaling: only the default RoPE is supported")
+    hidden = int(raw.get("hidden_size", cls.hidden_size))
+    heads = int(raw.get("num_attention_heads", cls.num_attention_heads))
+    kv = raw.get("num_key_value_heads", cls.num_key_value_heads)
+    return cls(
+        vocab_size=int(raw.get("vocab_size", cls.vocab_size)),
+        hidden_size=hidden,
+        intermediate_size=int(raw.get("intermediate_size", cls.intermediate_size)),
+        num_hidden_layers=int(raw.get("num_hidden_layers", cls.num_hidden_layers)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(kv if kv is not None else heads),
+        head_dim=read_head_dim(raw, hidden, heads, cls.head_dim),
+        hidden_act=str(raw.get("hidden_act", cls.hidden_act)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", cls.rms_norm_eps)),
+        rope_theta=raw.get("rope_theta", cls.rope_theta),
+        attention_bias=bool(raw.get("attention_bias", cls.attention_bias)),
+        num_code_groups=int(raw.get("num_code_groups", cls.num_code_groups)),
+    )
 
 
 @dataclass(frozen=True)
@@ -124,7 +101,7 @@ class TalkerConfig:
             raise ConfigError("talker_config.text_vocab_size: missing")
         hidden = int(raw.get("hidden_size", cls.hidden_size))
         heads = int(raw.get("num_attention_heads", cls.num_attention_heads))
-        head_dim = _head_dim(raw, hidden, heads, None)
+        head_dim = read_head_dim(raw, hidden, heads, None)
         section = tuple(int(s) for s in rope["mrope_section"])
         if sum(section) != head_dim // 2:
             raise ConfigError(f"talker_config.rope_scaling.mrope_section: {list(section)} must sum to "
@@ -156,7 +133,7 @@ class TalkerConfig:
             spk_id=dict(raw.get("spk_id") or {}),
             spk_is_dialect=dict(raw.get("spk_is_dialect") or {}),
             codec_language_id=dict(raw.get("codec_language_id") or {}),
-            code_predictor=CodePredictorConfig.from_dict(raw.get("code_predictor_config") or {}),
+            code_predictor=_code_predictor(raw.get("code_predictor_config") or {}),
         )
 
     @property

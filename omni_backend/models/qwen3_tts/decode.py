@@ -41,7 +41,9 @@ import torch.nn.functional as F
 
 from omni_backend.engine.kv_cache import StaticKVCache
 
-from .layers import CodePredictorRotary, DecoderLayer, TalkerRotary
+from omni_backend.models.qwen3_common.layers import DecoderLayer
+
+from .rotary import CodePredictorRotary, TalkerRotary
 
 __all__ = ["DecodeNumerics", "LayerWeights", "Qwen3Decode", "fuse_projections", "signed_sin"]
 

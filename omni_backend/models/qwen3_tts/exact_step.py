@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from omni_backend.engine.kv_cache import StaticKVCache
 
 from .decode import Choose, DecodeNumerics, LayerWeights, Qwen3Decode, signed_sin
-from .layers import TalkerRotary
+from .rotary import TalkerRotary
 
 __all__ = ["BatchInvariantOps", "BatchInvariantExact", "BatchInvariantExactStep"]
 

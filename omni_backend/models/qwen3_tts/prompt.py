@@ -43,7 +43,7 @@ import torch
 from omni_backend.errors import InvalidRequest
 
 from .config import Qwen3TTSConfig
-from .tokenizer import QwenTextTokenizer, assistant_text, instruct_text
+from omni_backend.models.qwen3_common.tokenizer import QwenTextTokenizer, assistant_text, instruct_text
 
 __all__ = [
     "PromptError",

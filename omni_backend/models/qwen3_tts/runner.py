@@ -53,7 +53,9 @@ from typing import Optional, Sequence as Seq
 import torch
 
 from omni_backend.engine import AREngine, ModelRunner, SamplingParams, Sequence, StepOutput
+from omni_backend.engine.kv_cache import SHORTEST_LENGTH_BUCKET, length_buckets
 from omni_backend.engine.sampling import TokenRules, select, select_rows
+from omni_backend.models.qwen3_common.trailing_text import TrailingText
 
 from .checkpoint import Qwen3TTSCheckpoint, load_checkpoint
 from .config import GenerationDefaults
@@ -61,8 +63,7 @@ from .decode import Qwen3Decode
 from .exact_step import BatchInvariantExactStep, BatchInvariantOps
 from .prompt import Qwen3Prompt, embed_prompt, embed_text_ids
 from .sampling_params import Qwen3SamplingParams, code_predictor_params
-from .static_step import SHORTEST_LENGTH_BUCKET, GraphSafeStaticStep, length_buckets
-from .trailing_text import TrailingText
+from .static_step import GraphSafeStaticStep
 
 __all__ = ["Qwen3TTSRunner", "create_engine", "sampling_params_from_defaults"]
 

@@ -18,8 +18,9 @@ batch-size bucket and replayed:
 3. the next talker input (sum of the 16 codebook embeddings + the row's trailing-text
    embedding) and one talker decode position per row, attending over the first ``length``
    positions of its slot with a length mask (static shapes: ``length`` is a bucket from
-   :func:`length_buckets` holding every row's position, one graph per bucket, so a step reads the
-   cache up to the batch's furthest position rounded up, not the whole ``max_model_len``;
+   :func:`~omni_backend.engine.kv_cache.length_buckets` holding every row's position, one graph
+   per bucket, so a step reads the cache up to the batch's furthest position rounded up, not
+   the whole ``max_model_len``;
    grouped-query heads are folded into the query length, so the cache is never copied);
 4. the codebook-0 processors, the engine's :class:`~omni_backend.engine.sampling.TokenRules`
    applied to the whole batch at once (repetition penalty over a per-slot ``seen`` mask, eos
@@ -46,21 +47,10 @@ from omni_backend.engine.kv_cache import StaticKVCache
 from omni_backend.engine.sampling import TokenRules
 
 from .decode import DecodeNumerics, LayerWeights, Qwen3Decode, signed_sin
-from .layers import TalkerRotary
+from .rotary import TalkerRotary
 from .sampling_params import Qwen3SamplingParams
 
-__all__ = ["GraphSafeStatic", "GraphSafeStaticStep", "length_buckets", "SHORTEST_LENGTH_BUCKET"]
-
-SHORTEST_LENGTH_BUCKET = 256
-
-
-def length_buckets(max_model_len: int, shortest: int = SHORTEST_LENGTH_BUCKET) -> list[int]:
-    """Attention lengths a step is captured for: doubling from ``shortest``, and ``max_model_len``."""
-    out, length = [], shortest
-    while length < max_model_len:
-        out.append(length)
-        length *= 2
-    return out + [max_model_len]
+__all__ = ["GraphSafeStatic", "GraphSafeStaticStep"]
 
 
 class GraphSafeStatic(DecodeNumerics):

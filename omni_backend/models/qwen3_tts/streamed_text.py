@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from omni_backend.errors import InvalidRequest
 
-from .tokenizer import QwenTextTokenizer
+from omni_backend.models.qwen3_common.tokenizer import QwenTextTokenizer
 
 __all__ = ["StreamedText", "ROLE_TEXT", "MAX_STREAMED_CHARS"]
 

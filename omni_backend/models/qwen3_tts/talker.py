@@ -14,7 +14,9 @@ from omni_backend.engine.kv_cache import StaticKVCache
 
 from .code_predictor import CodePredictor
 from .config import TalkerConfig
-from .layers import DecoderLayer, RMSNorm, TalkerRotary, activation
+from omni_backend.models.qwen3_common.layers import DecoderLayer, RMSNorm, activation
+
+from .rotary import TalkerRotary
 
 __all__ = ["Talker", "TalkerModel", "TextProjection"]
 

@@ -109,7 +109,7 @@ class Qwen3TalkerStage(StageModel):
     def _encoded_voice(self, ref_audio: str, x_vector_only: bool):
         """(x-vector, ref codes or None) of a recording, from the cache or encoded now (in a worker
         thread; one encoding at a time)."""
-        from omni_backend.models.qwen3_tts.voice_clone import decode_reference_audio
+        from omni_backend.reference_audio import decode_reference_audio
 
         key = (hashlib.sha256(ref_audio.encode("utf-8", "surrogatepass")).hexdigest(), bool(x_vector_only))
         with self.voice_lock:

@@ -36,7 +36,7 @@ class VoxCPM2Adapter(TTSAdapter):
         if params.get("ref_audio") is not None:
             if not (params.get("ref_text") or "").strip():
                 raise InvalidRequest("ref_text", "required with ref_audio (its transcript)")
-            from omni_backend.models.qwen3_tts.voice_clone import decode_reference_audio
+            from omni_backend.reference_audio import decode_reference_audio
 
             decode_reference_audio(params["ref_audio"], "ref_audio")   # readable, within limits
         elif params.get("ref_text") is not None:

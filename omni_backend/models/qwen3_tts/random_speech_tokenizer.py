@@ -22,10 +22,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import zlib
-from dataclasses import dataclass
 
-import torch
+from omni_backend.models.qwen3_common.random_weights import TensorSpec, draw
 
 __all__ = [
     "SPEECH_TOKENIZER_SIZES",
@@ -118,22 +116,6 @@ _PREPROCESSOR_CONFIG = {
 # ---------------------------------------------------------------------------- tensor enumeration
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    """A checkpoint tensor and how to draw it.
-
-    ``init``: ``fan_in`` (randn / sqrt(fan_in) * gain), ``bias`` (0.01 randn), ``normal`` (randn),
-    ``ones``, ``log_scale`` (0.3 randn, SnakeBeta alpha/beta), ``layer_scale`` (0.3 + 0.05 randn),
-    ``norm_weight`` (1 + 0.1 randn).
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    init: str
-    fan_in: float = 0.0
-    gain: float = 1.0
-
-
 class _Specs(list):
     def linear(self, name: str, out_dim: int, in_dim: int, bias: bool = True, gain: float = 1.0) -> None:
         self.append(TensorSpec(f"{name}.weight", (out_dim, in_dim), "fan_in", in_dim, gain))
@@ -156,8 +138,8 @@ class _Specs(list):
         self.append(TensorSpec(name, (dim,), init))
 
     def snake(self, name: str, dim: int) -> None:
-        self.vector(f"{name}.alpha", dim, "log_scale")
-        self.vector(f"{name}.beta", dim, "log_scale")
+        self.append(TensorSpec(f"{name}.alpha", (dim,), "log_scale", gain=0.3))
+        self.append(TensorSpec(f"{name}.beta", (dim,), "log_scale", gain=0.3))
 
 
 # Damping that keeps a random vocoder out of its [-1, 1] clamp: each residual unit would
@@ -193,17 +175,17 @@ def _decoder_specs(cfg: dict) -> list[TensorSpec]:
         s.linear(layer + "mlp.gate_proj", cfg["intermediate_size"], hidden, False)
         s.linear(layer + "mlp.up_proj", cfg["intermediate_size"], hidden, False)
         s.linear(layer + "mlp.down_proj", hidden, cfg["intermediate_size"], False)
-        s.vector(layer + "input_layernorm.weight", hidden, "norm_weight")
-        s.vector(layer + "post_attention_layernorm.weight", hidden, "norm_weight")
+        s.vector(layer + "input_layernorm.weight", hidden, "norm")
+        s.vector(layer + "post_attention_layernorm.weight", hidden, "norm")
         s.vector(layer + "self_attn_layer_scale.scale", hidden, "layer_scale")
         s.vector(layer + "mlp_layer_scale.scale", hidden, "layer_scale")
-    s.vector(t + "norm.weight", hidden, "norm_weight")
+    s.vector(t + "norm.weight", hidden, "norm")
     s.linear(t + "output_proj", latent, hidden)
     for i, ratio in enumerate(cfg["upsampling_ratios"]):
         u = f"{p}upsample.{i}."
         s.transposed_conv(u + "0.conv", latent, latent, ratio, ratio)
         s.conv(u + "1.dwconv.conv", latent, latent, 7, groups=latent)
-        s.vector(u + "1.norm.weight", latent, "norm_weight")
+        s.vector(u + "1.norm.weight", latent, "norm")
         s.vector(u + "1.norm.bias", latent, "bias")
         s.linear(u + "1.pwconv1", 4 * latent, latent)
         s.linear(u + "1.pwconv2", latent, 4 * latent)
@@ -263,7 +245,7 @@ def _encoder_specs(cfg: dict) -> list[TensorSpec]:
         s.linear(layer + "mlp.fc1", cfg["intermediate_size"], hidden, False)
         s.linear(layer + "mlp.fc2", hidden, cfg["intermediate_size"], False)
         for norm in ("input_layernorm", "post_attention_layernorm"):
-            s.vector(f"{layer}{norm}.weight", hidden, "norm_weight")
+            s.vector(f"{layer}{norm}.weight", hidden, "norm")
             s.vector(f"{layer}{norm}.bias", hidden, "bias")
         s.vector(layer + "self_attn_layer_scale.scale", hidden, "layer_scale")
         s.vector(layer + "mlp_layer_scale.scale", hidden, "layer_scale")
@@ -295,26 +277,6 @@ def speech_tokenizer_tensor_specs(config: dict) -> list[TensorSpec]:
 # ---------------------------------------------------------------------------- random weights
 
 
-def _draw(spec: TensorSpec, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(spec.name.encode())) % (2 ** 63))
-    if spec.init == "ones":
-        return torch.ones(spec.shape)
-    noise = torch.randn(spec.shape, generator=generator)
-    if spec.init == "fan_in":
-        return noise * (spec.gain / math.sqrt(spec.fan_in))
-    if spec.init == "bias":
-        return noise * 0.01
-    if spec.init == "normal":
-        return noise
-    if spec.init == "log_scale":
-        return noise * 0.3
-    if spec.init == "layer_scale":
-        return 0.3 + 0.05 * noise
-    if spec.init == "norm_weight":
-        return 1.0 + 0.1 * noise
-    raise ValueError(f"unknown init {spec.init!r} for {spec.name}")
-
-
 def write_speech_tokenizer(out_dir: str, size: str, seed: int) -> None:
     """Write a random speech tokenizer of ``size`` ('tiny', 'small', '0.6b', '1.7b') to ``out_dir``:
     ``config.json``, ``preprocessor_config.json`` and ``model.safetensors`` (Float32)."""
@@ -322,7 +284,7 @@ def write_speech_tokenizer(out_dir: str, size: str, seed: int) -> None:
 
     config = speech_tokenizer_config(size)
     os.makedirs(out_dir, exist_ok=True)
-    tensors = {spec.name: _draw(spec, seed).contiguous() for spec in speech_tokenizer_tensor_specs(config)}
+    tensors = {spec.name: draw(spec, seed).contiguous() for spec in speech_tokenizer_tensor_specs(config)}
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
         json.dump(config, handle, indent=2)

