@@ -178,14 +178,10 @@ def talker_generate(talker: Talker, text: TalkerInput, max_new_tokens: int = 409
         step = len(generated) - 1
         if not text.trailing.has_row(step):
             raise RuntimeError(f"trailing text row {step} has not arrived (feed the thinker's tokens first)")
-        first_embed = talker.embed_codec(first.view(1, 1))
-        residual, residual_embeds = talker.code_predictor.predict(
-            hidden[:, -1:], first_embed,
-            lambda _step, scores: predictor_sampling.choose(scores, None, generator))
+        residual, frame_embed = talker.complete_frame(
+            first, hidden[:, -1:], lambda _step, scores: predictor_sampling.choose(scores, None, generator))
         frames.append(torch.cat((first.view(1, 1), residual), dim=1))
-        embeds = torch.cat([first_embed] + residual_embeds, dim=1).sum(1, keepdim=True)
-        embeds = embeds + text.trailing.row(step)
-        logits, hidden = talker(embeds, cache, text_positions(cache.length + delta, 1, device))
+        logits, hidden = talker.next_frame(frame_embed, text.trailing.row(step), cache, delta)
     codes = torch.cat(frames, dim=0).T.contiguous() if frames else torch.zeros(c.num_code_groups, 0,
                                                                                dtype=torch.long, device=device)
     return TalkerResult(codes.to(torch.long), reason)

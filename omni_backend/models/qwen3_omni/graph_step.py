@@ -130,15 +130,14 @@ class TalkerFrameStep:
         the rows with ``do_sample`` draw their codes (else every row is greedy)."""
         talker = self.talker
         pending = self.pending[:batch]
-        first_embed = talker.embed_codec(pending.view(-1, 1))
         noise = None
         if sample:
             u = uniform(self.seed[:batch], self.counter[:batch], self.noise_index)
             noise = (-torch.log(u)).view(batch, talker.code_predictor.num_steps, -1)
-        residual, residual_embeds = talker.code_predictor.predict(
-            self.hidden[:batch], first_embed,
+        residual, frame_embeds = talker.complete_frame(
+            pending, self.hidden[:batch],
             lambda step, scores: self._select(batch, scores, None if noise is None else noise[:, step]))
-        embeds = torch.cat([first_embed] + residual_embeds, dim=1).sum(1, keepdim=True) + self.text[:batch]
+        embeds = frame_embeds + self.text[:batch]
         positions = self.positions[:batch]
         cos, sin = talker.rotary(_positions3(positions + self.deltas[:batch]), embeds.dtype)
         out = decode_rows(talker.model.layers, embeds, cos, sin, self.cache, self.slots[:batch], positions, length)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from omni_backend.models.qwen3_tts.layers import RMSNorm, activation
+from omni_backend.models.qwen3_common.layers import RMSNorm, activation
 
-from .code_predictor import CodePredictor
+from .code_predictor import Choose, CodePredictor
 from .config import TalkerConfig
 from .layers import KVCache, MoeDecoderLayer, MultimodalRotary, rms_norm, text_positions
 
@@ -76,6 +76,25 @@ class Talker(nn.Module):
 
     def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.codec_embedding(ids)
+
+    def complete_frame(self, first: torch.Tensor, hidden: torch.Tensor,
+                       choose: Choose) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first half of a frame step, one frame per row: from codebook 0 ``first`` ``[B]`` and the
+        talker state that predicted it ``hidden`` ``[B, 1, hidden]``, the residual codebooks
+        ``[B, G-1]`` (the code predictor) and the frame's summed codebook embeddings
+        ``[B, 1, hidden]``: the next talker input before its trailing-text row is added."""
+        first_embed = self.embed_codec(first.view(-1, 1).to(self.codec_head.weight.device))
+        residual, residual_embeds = self.code_predictor.predict(hidden, first_embed, choose)
+        return residual, torch.cat([first_embed] + residual_embeds, dim=1).sum(1, keepdim=True)
+
+    def next_frame(self, frame_embed: torch.Tensor, text_row: torch.Tensor, cache: KVCache,
+                   delta: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The second half of one sequence's frame step (the reference's shapes, B = 1): the talker
+        forward over the frame's summed embeddings plus its trailing-text row, at the position after
+        the cache's (``delta``: how far images moved the decode positions); logits and hidden as
+        :meth:`forward`."""
+        position = text_positions(cache.length + delta, 1, self.codec_head.weight.device)
+        return self(frame_embed + text_row, cache, position)
 
     def forward(self, embeds: torch.Tensor, cache: KVCache | None = None,
                 position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

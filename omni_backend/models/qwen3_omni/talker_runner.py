@@ -24,7 +24,7 @@ import torch
 from omni_backend.engine import AREngine, ModelRunner, SamplingParams, Sequence, StepOutput
 
 from .generate import CODE_PREDICTOR_SAMPLING, TALKER_DEFAULTS, Sampling
-from .layers import KVCache, text_positions
+from .layers import KVCache
 from .prompt import TalkerInput
 from .talker import Talker
 
@@ -141,16 +141,13 @@ class TalkerRunner(ModelRunner):
             st: _State = seq.state
             step = len(st.generated) - 1
             first = st.pending
-            first_embed = talker.embed_codec(first.view(1, 1).to(self.device))
-            residual, residual_embeds = talker.code_predictor.predict(
-                st.hidden, first_embed,
+            residual, frame_embed = talker.complete_frame(
+                first, st.hidden,
                 lambda _step, scores: st.predictor.choose(scores.cpu(), None, seq.generator).to(self.device))
             frame = [int(first)] + residual[0].tolist()
             token: Optional[int] = None
             if seq.sample_next:
-                embeds = torch.cat([first_embed] + residual_embeds, dim=1).sum(1, keepdim=True)
-                embeds = embeds + st.text.trailing.row(step)
-                logits, hidden = talker(embeds, st.cache, text_positions(st.cache.length + st.delta, 1, self.device))
+                logits, hidden = talker.next_frame(frame_embed, st.text.trailing.row(step), st.cache, st.delta)
                 st.hidden = hidden[:, -1:]
                 token = int(self._choose_first(seq, logits))
             outputs.append(StepOutput(seq, frame, token))

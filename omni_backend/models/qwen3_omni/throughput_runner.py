@@ -234,16 +234,15 @@ class ThroughputTalkerRunner(TalkerRunner):
         talker, device = self.talker, self.device
         states = [seq.state for seq in seqs]
         first = torch.cat([st.pending for st in states])                            # [B]
-        first_embed = talker.embed_codec(first.view(-1, 1).to(device))              # [B, 1, H]
         hidden = torch.cat([st.hidden for st in states])                            # [B, 1, H]
-        residual, residual_embeds = talker.code_predictor.predict(hidden, first_embed, self._predictor_choice(seqs))
+        residual, frame_embeds = talker.complete_frame(first, hidden, self._predictor_choice(seqs))
         residual = residual.tolist()
         frames = [[int(first[row])] + residual[row] for row in range(len(seqs))]
         next_rows = [row for row, seq in enumerate(seqs) if seq.sample_next]
         tokens: dict[int, Optional[int]] = {}
         if next_rows:
             index = torch.tensor(next_rows, device=device)
-            embeds = torch.cat([first_embed] + residual_embeds, dim=1).sum(1, keepdim=True).index_select(0, index)
+            embeds = frame_embeds.index_select(0, index)
             text = torch.cat([states[row].text.trailing.row(len(states[row].generated) - 1).reshape(1, 1, -1)
                               for row in next_rows]).to(device, embeds.dtype)
             embeds = embeds + text
