@@ -1,10 +1,13 @@
-"""Building blocks of the Qwen3-TTS 12 Hz speech-tokenizer decoder ("code2wav").
+"""Building blocks of the Qwen3 12 Hz codec decoders ("code2wav"): Qwen3-TTS's speech-tokenizer
+decoder and Qwen3-Omni's ``code2wav`` (same modules and keys but for the input stage and how the
+transposed convolutions trim).
 
-Every module here keeps the attribute names of the released checkpoint, so the
+Every module here keeps the attribute names of the released checkpoints, so the
 ``decoder.*`` tensors of ``speech_tokenizer/model.safetensors`` load unchanged into
 :class:`~omni_backend.models.qwen3_tts.code2wav.Code2Wav` (with the ``decoder.`` prefix
-removed). The maths follows the reference package ``qwen-tts==0.1.1`` operation for
-operation; everything runs in Float32.
+removed), and the ``code2wav.*`` tensors into
+:class:`~omni_backend.models.qwen3_omni.code2wav.Code2Wav`. The maths follows the reference
+package ``qwen-tts==0.1.1`` operation for operation; everything runs in Float32.
 
 Everything is causal in time: output position ``t`` depends only on inputs ``<= t``. That is
 what makes the stateless windows of the streaming contract work, and what lets a batch of
@@ -29,6 +32,7 @@ __all__ = [
     "ConvNeXtBlock",
     "ResidualUnit",
     "DecoderBlock",
+    "vocoder",
     "SplitResidualVectorQuantizer",
     "SlidingWindowTransformer",
     "causal_history_frames",
@@ -144,12 +148,10 @@ class DecoderBlock(nn.Module):
 
     residual_dilations = (1, 3, 9)
 
-    def __init__(self, in_dim: int, out_dim: int, upsample_rate: int) -> None:
+    def __init__(self, in_dim: int, out_dim: int, upsample_rate: int,
+                 transposed: Callable[[int, int, int, int], nn.Module] = CausalTransposedConv1d) -> None:
         super().__init__()
-        layers: list[nn.Module] = [
-            SnakeBeta(in_dim),
-            CausalTransposedConv1d(in_dim, out_dim, 2 * upsample_rate, upsample_rate),
-        ]
+        layers: list[nn.Module] = [SnakeBeta(in_dim), transposed(in_dim, out_dim, 2 * upsample_rate, upsample_rate)]
         layers += [ResidualUnit(out_dim, dilation) for dilation in self.residual_dilations]
         self.block = nn.ModuleList(layers)
 
@@ -157,6 +159,25 @@ class DecoderBlock(nn.Module):
         for layer in self.block:
             hidden = layer(hidden)
         return hidden
+
+
+def vocoder(input_dim: int, decoder_dim: int, upsampling_ratios: Iterable[int], upsample_rates: Iterable[int],
+            transposed: Callable[[int, int, int, int], nn.Module] = CausalTransposedConv1d
+            ) -> tuple[nn.ModuleList, nn.ModuleList]:
+    """What follows the decoder's transformer, under the checkpoint's keys: ``upsample`` (per ratio,
+    a transposed conv with kernel = stride = ratio, then a ConvNeXt block) and ``decoder`` (conv
+    k=7, one :class:`DecoderBlock` per rate halving the channels, SnakeBeta, conv k=7 to one
+    channel). ``transposed(in, out, kernel, stride)`` makes the transposed convolutions: the
+    families trim their overhang differently."""
+    upsample = nn.ModuleList([nn.ModuleList([transposed(input_dim, input_dim, ratio, ratio), ConvNeXtBlock(input_dim)])
+                              for ratio in upsampling_ratios])
+    stages: list[nn.Module] = [CausalConv1d(input_dim, decoder_dim, kernel_size=7)]
+    rates = tuple(upsample_rates)
+    for index, rate in enumerate(rates):
+        stages.append(DecoderBlock(decoder_dim // 2 ** index, decoder_dim // 2 ** (index + 1), rate, transposed))
+    output_dim = decoder_dim // 2 ** len(rates)
+    stages += [SnakeBeta(output_dim), CausalConv1d(output_dim, 1, kernel_size=7)]
+    return upsample, nn.ModuleList(stages)
 
 
 # --------------------------------------------------------------------------- RVQ dequantisation

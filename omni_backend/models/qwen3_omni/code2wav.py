@@ -10,12 +10,14 @@ Pipeline (the reference ``Qwen3OmniMoeCode2Wav``)::
       -> decoder: conv k=7, one block per upsample rate, SnakeBeta, conv k=7    [B, 1, samples]
       -> clamp to [-1, 1]
 
-The convolutions, ConvNeXt blocks, SnakeBeta, residual units and transformer layers are
-Qwen3-TTS's codec-decoder modules (same maths, same checkpoint keys). Two pieces differ from it
-and are defined here: there is no RVQ / ``pre_conv`` / transformer in-out projection, and the
-transposed convolutions drop ``kernel - stride`` samples at BOTH ends (Qwen3-TTS: the right end
-only). So a decoder block with rate ``r`` turns ``n`` steps into ``(n - 1) * r`` samples, and a
-decode of ``T`` frames yields ``T * hop_length - trim`` samples (``trim`` = 555 with the released
+The convolutions, ConvNeXt blocks, SnakeBeta, residual units, transformer layers and the
+assembly after the transformer are the Qwen3 codec-decoder modules Qwen3-TTS uses too
+(:mod:`omni_backend.models.qwen3_common.code2wav_layers`: same maths, same checkpoint keys).
+Two pieces differ from Qwen3-TTS's decoder: there is no RVQ / ``pre_conv`` / transformer in-out
+projection, and the transposed convolutions (:class:`TrimmedTransposedConv1d`, defined here)
+drop ``kernel - stride`` samples at BOTH ends (Qwen3-TTS: the right end only). So a decoder
+block with rate ``r`` turns ``n`` steps into ``(n - 1) * r`` samples, and a decode of ``T``
+frames yields ``T * hop_length - trim`` samples (``trim`` = 555 with the released
 rates): the reference's :meth:`Code2Wav.chunked_decode` (chunks of 300 frames with 25 frames of
 left context) therefore loses ``trim`` samples at the end of every chunk, and so does a streamed
 window.
@@ -32,14 +34,7 @@ import math
 import torch
 from torch import nn
 
-from omni_backend.models.qwen3_common.code2wav_layers import (
-    CausalConv1d,
-    ConvNeXtBlock,
-    ResidualUnit,
-    RMSNorm,
-    SnakeBeta,
-    TransformerLayer,
-)
+from omni_backend.models.qwen3_common.code2wav_layers import RMSNorm, TransformerLayer, vocoder
 
 from .config import Code2WavConfig
 
@@ -67,21 +62,6 @@ class TrimmedTransposedConv1d(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.conv(hidden)
         return hidden[..., self.trim: hidden.shape[-1] - self.trim].contiguous()
-
-
-class DecoderBlock(nn.Module):
-    """``block``: SnakeBeta, trimmed transposed conv (kernel 2r, stride r), residual units 1/3/9."""
-
-    def __init__(self, in_dim: int, out_dim: int, rate: int) -> None:
-        super().__init__()
-        layers: list[nn.Module] = [SnakeBeta(in_dim), TrimmedTransposedConv1d(in_dim, out_dim, 2 * rate, rate)]
-        layers += [ResidualUnit(out_dim, dilation) for dilation in (1, 3, 9)]
-        self.block = nn.ModuleList(layers)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        for layer in self.block:
-            hidden = layer(hidden)
-        return hidden
 
 
 class Code2WavTransformer(nn.Module):
@@ -126,17 +106,8 @@ class Code2Wav(nn.Module):
         self.register_buffer("code_offset", torch.arange(c.num_quantizers).view(1, -1, 1) * c.codebook_size,
                              persistent=False)
         self.pre_transformer = Code2WavTransformer(c)
-        self.upsample = nn.ModuleList([
-            nn.ModuleList([TrimmedTransposedConv1d(c.hidden_size, c.hidden_size, ratio, ratio),
-                           ConvNeXtBlock(c.hidden_size)])
-            for ratio in c.upsampling_ratios
-        ])
-        stages: list[nn.Module] = [CausalConv1d(c.hidden_size, c.decoder_dim, kernel_size=7)]
-        for index, rate in enumerate(c.upsample_rates):
-            stages.append(DecoderBlock(c.decoder_dim // 2 ** index, c.decoder_dim // 2 ** (index + 1), rate))
-        out_dim = c.decoder_dim // 2 ** len(c.upsample_rates)
-        stages += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, kernel_size=7)]
-        self.decoder = nn.ModuleList(stages)
+        self.upsample, self.decoder = vocoder(c.hidden_size, c.decoder_dim, c.upsampling_ratios, c.upsample_rates,
+                                              TrimmedTransposedConv1d)
 
     @property
     def hop_length(self) -> int:

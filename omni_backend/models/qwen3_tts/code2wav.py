@@ -62,18 +62,15 @@ from typing import Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
+from omni_backend.chunking import CodecChunkSchedule, CodecWindow, plan_stream_windows
 from omni_backend.models.qwen3_common.code2wav_layers import (
     CausalConv1d,
-    CausalTransposedConv1d,
-    ConvNeXtBlock,
-    DecoderBlock,
     SlidingWindowTransformer,
-    SnakeBeta,
     SplitResidualVectorQuantizer,
     causal_history_frames,
     total_upsampling,
+    vocoder,
 )
-from omni_backend.chunking import CodecChunkSchedule, CodecWindow, plan_stream_windows
 
 __all__ = [
     "Code2Wav",
@@ -190,17 +187,8 @@ class Code2Wav(nn.Module):
             rms_norm_eps=config.rms_norm_eps, rope_theta=config.rope_theta,
             sliding_window=config.sliding_window, attention_bias=config.attention_bias,
         )
-        self.upsample = nn.ModuleList([
-            nn.ModuleList([CausalTransposedConv1d(config.latent_dim, config.latent_dim, ratio, ratio),
-                           ConvNeXtBlock(config.latent_dim)])
-            for ratio in config.upsampling_ratios
-        ])
-        stages: list[nn.Module] = [CausalConv1d(config.latent_dim, config.decoder_dim, kernel_size=7)]
-        for index, rate in enumerate(config.upsample_rates):
-            stages.append(DecoderBlock(config.decoder_dim // 2 ** index, config.decoder_dim // 2 ** (index + 1), rate))
-        output_dim = config.decoder_dim // 2 ** len(config.upsample_rates)
-        stages += [SnakeBeta(output_dim), CausalConv1d(output_dim, 1, kernel_size=7)]
-        self.decoder = nn.ModuleList(stages)
+        self.upsample, self.decoder = vocoder(config.latent_dim, config.decoder_dim, config.upsampling_ratios,
+                                              config.upsample_rates)
         # True: a batch is decoded item by item, each bit-identical to its decode alone.
         self.batch_invariant = True
         history, steps = causal_history_frames([self.upsample, self.decoder])
