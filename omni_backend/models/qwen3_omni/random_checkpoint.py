@@ -55,6 +55,7 @@ from omni_backend.models.qwen3_common.random_weights import (
     linear,
     mlp,
     qwen_bpe_files,
+    write_json,
 )
 
 __all__ = ["SHAPES", "SPEAKERS", "TOKEN_IDS", "CODEC_IDS", "checkpoint_config", "tensor_specs",
@@ -708,15 +709,9 @@ def write_random_checkpoint(out_dir: str, shape: str = "tiny", seed: int = 0,
     os.makedirs(out_dir, exist_ok=True)
     save_file({name: value.contiguous() for name, value in tensors.items()},
               os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
-        json.dump(config, handle, indent=2)
-        handle.write("\n")
-    with open(os.path.join(out_dir, "generation_config.json"), "w", encoding="utf-8") as handle:
-        json.dump(GENERATION_CONFIG, handle, indent=2)
-        handle.write("\n")
-    with open(os.path.join(out_dir, "preprocessor_config.json"), "w", encoding="utf-8") as handle:
-        json.dump(PREPROCESSOR_CONFIG, handle, indent=2)
-        handle.write("\n")
+    write_json(os.path.join(out_dir, "config.json"), config)
+    write_json(os.path.join(out_dir, "generation_config.json"), GENERATION_CONFIG)
+    write_json(os.path.join(out_dir, "preprocessor_config.json"), PREPROCESSOR_CONFIG)
     _write_tokenizer(out_dir)
     return out_dir
 

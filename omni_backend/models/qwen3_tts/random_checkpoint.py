@@ -26,7 +26,6 @@ number K, i.e. after exactly K frames, whatever the prompt (see :func:`rig_eos_a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -42,6 +41,7 @@ from omni_backend.models.qwen3_common.random_weights import (
     linear,
     mlp,
     qwen_bpe_files,
+    write_json,
 )
 
 from .random_speech_tokenizer import write_speech_tokenizer
@@ -325,12 +325,8 @@ def write_random_checkpoint(out_dir: str, size: str = "tiny", model_type: str = 
             tensors[name] = tensors[name].to(torch_dtype).contiguous()
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     del tensors
-    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
-        json.dump(config, handle, indent=2)
-        handle.write("\n")
-    with open(os.path.join(out_dir, "generation_config.json"), "w", encoding="utf-8") as handle:
-        json.dump(GENERATION_CONFIG, handle, indent=2)
-        handle.write("\n")
+    write_json(os.path.join(out_dir, "config.json"), config)
+    write_json(os.path.join(out_dir, "generation_config.json"), GENERATION_CONFIG)
     source = qwen_bpe_files()
     for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
         shutil.copyfile(os.path.join(source, name), os.path.join(out_dir, name))

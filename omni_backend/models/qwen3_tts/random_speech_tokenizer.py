@@ -23,7 +23,7 @@ import json
 import math
 import os
 
-from omni_backend.models.qwen3_common.random_weights import TensorSpec, draw
+from omni_backend.models.qwen3_common.random_weights import TensorSpec, draw, write_json
 
 __all__ = [
     "SPEECH_TOKENIZER_SIZES",
@@ -286,9 +286,5 @@ def write_speech_tokenizer(out_dir: str, size: str, seed: int) -> None:
     os.makedirs(out_dir, exist_ok=True)
     tensors = {spec.name: draw(spec, seed).contiguous() for spec in speech_tokenizer_tensor_specs(config)}
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
-        json.dump(config, handle, indent=2)
-        handle.write("\n")
-    with open(os.path.join(out_dir, "preprocessor_config.json"), "w", encoding="utf-8") as handle:
-        json.dump(_PREPROCESSOR_CONFIG, handle, indent=2)
-        handle.write("\n")
+    write_json(os.path.join(out_dir, "config.json"), config)
+    write_json(os.path.join(out_dir, "preprocessor_config.json"), _PREPROCESSOR_CONFIG)
