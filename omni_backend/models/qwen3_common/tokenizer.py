@@ -1,4 +1,4 @@
-"""The Qwen text tokenizer of a Qwen3-TTS checkpoint, through the ``tokenizers`` package.
+"""The Qwen text tokenizer of a Qwen3-TTS or Qwen3-Omni checkpoint, through the ``tokenizers`` package.
 
 It produces the ids the reference produces with its transformers processor
 (``Qwen2TokenizerFast`` loaded by ``AutoProcessor.from_pretrained(dir, fix_mistral_regex=True)``).

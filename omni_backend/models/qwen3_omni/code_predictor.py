@@ -3,7 +3,8 @@ decoder that completes each frame's residual codebooks 1..G-1 from the talker's 
 and the frame's codebook 0.
 
 Its tensors are Qwen3-TTS's code predictor's under the same keys (``model.layers``,
-``model.norm``, ``model.codec_embedding.{i}``, ``lm_head.{i}``), so the module is reused; here
+``model.norm``, ``model.codec_embedding.{i}``, ``lm_head.{i}``): ``model`` is the shared
+:class:`~omni_backend.models.qwen3_common.code_predictor.CodePredictorModel`; here
 the embeddings are the predictor's own hidden size (equal to the talker's, checked by the config)
 and there is no ``small_to_mtp_projection``.
 

@@ -2,8 +2,8 @@
 RMSNorm, grouped-query attention with q/k norms, a growing KV cache, and the decoder layer that
 holds either a dense MLP or a sparse MoE block.
 
-Weights live in the Qwen3-TTS modules where the tensors are the same (``Attention`` with
-``q_proj`` .. ``k_norm``, ``RMSNorm``, ``MLP``: the checkpoint keys are identical); the arithmetic
+Weights live in the shared Qwen3 modules (:mod:`omni_backend.models.qwen3_common.layers`:
+``Attention`` with ``q_proj`` .. ``k_norm``, ``RMSNorm``, ``MLP``, the released keys); the arithmetic
 here follows transformers 5's ``qwen3_omni_moe`` (the reference of record) operation for
 operation and in the same tensor shapes, because on CPU the bits of a matmul or of ``cos`` depend
 on the shape it runs in:

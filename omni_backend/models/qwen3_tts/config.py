@@ -159,7 +159,7 @@ class Qwen3TTSConfig:
     tts_bos_token_id: int = 151672
     tts_eos_token_id: int = 151673
     # The transformers version that wrote config.json: it decides how the reference loads the
-    # text tokenizer (see tokenizer.py).
+    # text tokenizer (see qwen3_common/tokenizer.py).
     transformers_version: str | None = None
     speaker_encoder: Mapping[str, Any] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)

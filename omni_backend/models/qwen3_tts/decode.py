@@ -20,7 +20,7 @@ tensor op runs is a :class:`DecodeNumerics` strategy, one per engine path:
   buffers, nothing that reads a device value on the host, so a step can be captured as a CUDA
   graph.
 
-The modules (``talker.py``, ``code_predictor.py``, ``layers.py``) only hold the checkpoint's
+The modules (``talker.py``, ``code_predictor.py``, ``qwen3_common/layers.py``) only hold the checkpoint's
 tensors under its names. The arithmetic follows the reference (``qwen-tts==0.1.1`` on
 transformers 4.57.3 with SDPA) operation for operation; the rewrites below change no bit:
 

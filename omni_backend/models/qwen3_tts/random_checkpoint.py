@@ -107,7 +107,7 @@ TEXT_VOCAB = 151936
 CODEC_VOCAB = 3072
 CP_VOCAB = 2048
 NUM_CODE_GROUPS = 16
-TRANSFORMERS_VERSION = "4.57.3"  # what the released configs' writer records (see tokenizer.py)
+TRANSFORMERS_VERSION = "4.57.3"  # what the released configs' writer records (see qwen3_common/tokenizer.py)
 
 GENERATION_CONFIG = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.9, "top_p": 1.0, "top_k": 50,
                      "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_p": 1.0,
