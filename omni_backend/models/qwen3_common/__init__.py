@@ -3,8 +3,8 @@
 (:mod:`.layers`), the code predictor's decoder (:mod:`.code_predictor`), the codec decoder's
 building blocks (:mod:`.code2wav_layers`), the text tokenizer (:mod:`.tokenizer`), the talker's
 trailing-text rows (:mod:`.trailing_text`), the settings both ``config.json`` readers share
-(:mod:`.config`), the checkpoint dtype names (:mod:`.dtype`) and the random-weight writers of both
-families' built-in checkpoints (:mod:`.random_weights`).
+(:mod:`.config`), the checkpoint dtype names (:mod:`.dtype`), and what both families' random-weight
+writers share (:mod:`.random_weights`, :mod:`.distance_head`).
 
 It is not a family: it declares no pipeline and is registered nowhere. The families import it and
 never each other.
