@@ -45,7 +45,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 import httpx
 import numpy as np
 import tritonclient.grpc as grpcclient

@@ -20,7 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from benchkit.memory import status_kb
 from benchkit.repositories import committed_models
 from client.triton_process import TritonProcess

@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from benchkit.repositories import committed_models
 from client.speech_stream_client import SpeechStreamClient, ws_url
 
