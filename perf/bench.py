@@ -48,14 +48,14 @@ import time
 from pathlib import Path
 
 from benchkit.load import run_arrivals, run_clients
-from benchkit.paths import JOURNAL, venv_python
+from benchkit.paths import JOURNAL, ROOT, venv_python
 from benchkit.percentiles import percentile
 from benchkit.served import served, unwind_on_sigterm
 from benchkit.texts import TEXTS
 from benchkit.versions import versions
 from client.triton_stream import synthesize
 
-PERF = Path(__file__).resolve().parent
+PERF = ROOT / "perf"
 
 
 def level_row(results: list, errors: list[str], wall: float) -> dict:
