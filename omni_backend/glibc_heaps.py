@@ -21,7 +21,7 @@ _M_MMAP_THRESHOLD = -3      # glibc's mallopt parameter numbers (malloc.h)
 _M_ARENA_MAX = -8
 # No per-thread cache of freed small chunks in tritonserver and its stubs: tritonserver runs 96
 # Python-backend threads per model instance, and each one that ever ran a task kept its own cached
-# chunks, pinning heap pages (perf/RESULTS.md: +12.7 % over a 30-minute soak with it, see there
+# chunks, pinning heap pages (perf/JOURNAL.md: +12.7 % over a 30-minute soak with it, see there
 # for the figure without). glibc offers no mallopt for it, so it is a start-up tunable only.
 THREAD_CACHE_CHUNKS = 0
 NUMPY_HUGEPAGE_ENV = "NUMPY_MADVISE_HUGEPAGE"
@@ -60,7 +60,7 @@ def keep_arrays_off_huge_pages() -> bool:
     (from a free chunk large enough) marks that stretch of the heap for the rest of the process,
     and the kernel's khugepaged then fills each 2 MiB there around any page still in use, also
     while the process is idle, undoing the trim: the hibari synthesizer's kept memory rose 142 ->
-    157 MB over 20 minutes of a soak, in 2 MiB steps, with no request in flight (perf/RESULTS.md).
+    157 MB over 20 minutes of a soak, in 2 MiB steps, with no request in flight (perf/JOURNAL.md).
     Sets `NUMPY_MADVISE_HUGEPAGE=0` for a numpy imported later (and child processes), and turns
     the advice off in one already imported; a caller's own `NUMPY_MADVISE_HUGEPAGE` wins. False
     where the advice stays on."""
@@ -111,7 +111,7 @@ def freeze_loaded_objects() -> None:
     the GIL. A stub that imports torch and our families holds ~180,000 tracked objects: 57 ms of
     CPU per collection, 0.0 ms once they are frozen. On a starved host that pause stretches:
     under overload an idle entry's event loop (its heartbeat) stood 10.5 s while its trim thread
-    was in `gc.collect` (perf/RESULTS.md). Call it at the end of start-up."""
+    was in `gc.collect` (perf/JOURNAL.md). Call it at the end of start-up."""
     gc.collect()
     gc.freeze()
 
@@ -149,7 +149,7 @@ def tunables(env: dict[str, str]) -> str:
     settings already in `env` win.
     tritonserver's free pages are not given back (`malloc_trim`) as the stubs' are: a preloaded
     thread that did it every 20 s crashed it under overload (SIGSEGV in the Python backend's
-    execute path, 2 of 3 runs against 0 of 3 without, perf/RESULTS.md), most likely a read of memory
+    execute path, 2 of 3 runs against 0 of 3 without, perf/JOURNAL.md), most likely a read of memory
     the backend had already freed, harmless while glibc keeps those pages.
     tritonserver's heap per request (perf/request_memory.py, 150 requests a round), default ->
     2 heaps: warm-up 30 -> 12 KB, later rounds +16.6, +8.8, -4.1, +6.7 -> +1.7, +4.9, -0.4, +0.2 KB."""

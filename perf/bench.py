@@ -31,7 +31,8 @@ For Qwen3-Omni (perf/omni_bench.py) the table adds the time to the first text de
 `--rate` adds open-loop arrival rates as for the other families, and the reference's own streaming generator is timed in the
 same run.
 The server's start-up time and resident memory (server + stub processes) are reported too.
-Results are printed and appended to perf/RESULTS.md as a markdown table.
+Results are printed and appended to perf/JOURNAL.md (`--results`) as a dated markdown entry;
+perf/RESULTS.md holds the current figures.
 """
 from __future__ import annotations
 
@@ -40,118 +41,21 @@ import datetime
 import json
 import os
 import platform
-import random
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchkit.load import run_arrivals, run_clients
+from benchkit.paths import JOURNAL, ROOT, venv_python
+from benchkit.percentiles import percentile
+from benchkit.served import served, unwind_on_sigterm
+from benchkit.texts import TEXTS
+from benchkit.versions import versions
+from client.triton_stream import synthesize
 
-from client.triton_process import TritonProcess  # noqa: E402
-from client.triton_stream import TritonStreamError, synthesize  # noqa: E402
-
-TEXTS = [
-    "The weather is lovely today. Let us take a walk in the park.",
-    "Please call me back tomorrow morning at nine. I will be at my desk.",
-    "Streaming speech arrives in small chunks. The first one comes quickly.",
-    "A quick brown fox jumps over the lazy dog. Then it runs away.",
-]
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
-
-
-def rss_mib(pid: int) -> float:
-    """Resident memory of a process and all its descendants."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,rss="], capture_output=True, text=True).stdout
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for line in out.splitlines():
-        p, pp, r = (int(x) for x in line.split())
-        children.setdefault(pp, []).append(p)
-        rss[p] = r
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        total += rss.get(p, 0)
-        todo.extend(children.get(p, []))
-    return total / 1024
-
-
-def server_version(url: str) -> str:
-    import tritonclient.grpc as grpcclient
-
-    return grpcclient.InferenceServerClient(url).get_server_metadata().version
-
-
-def versions(triton: str) -> str:
-    import torch
-
-    return f"Python {platform.python_version()}, torch {torch.__version__}, Triton server {triton}"
-
-
-def run_clients(concurrency: int, requests: int, one) -> tuple[list, list[str], float]:
-    """`concurrency` clients, each calling `one(client, i)` for i < `requests` back to back:
-    (results, error messages, wall seconds)."""
-    results, errors = [], []
-    lock = threading.Lock()
-
-    def client(k: int) -> None:
-        for i in range(requests):
-            try:
-                r = one(k, i)
-                with lock:
-                    results.append(r)
-            except (TritonStreamError, OSError) as e:
-                with lock:
-                    errors.append(str(e))
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results, errors, time.perf_counter() - started
-
-
-def run_arrivals(rate: float, requests: int, one, seed: int = 0) -> tuple[list, list[str], float]:
-    """`requests` calls of `one(0, i)`, each on its own thread, started as a Poisson process of
-    `rate` per second (exponential gaps, seeded): (results, error messages, wall seconds)."""
-    results, errors = [], []
-    lock = threading.Lock()
-    gaps = random.Random(seed)
-
-    def call(i: int) -> None:
-        try:
-            r = one(0, i)
-            with lock:
-                results.append(r)
-        except (TritonStreamError, OSError) as e:
-            with lock:
-                errors.append(str(e))
-
-    started = time.perf_counter()
-    due = started
-    threads = []
-    for i in range(requests):
-        time.sleep(max(0.0, due - time.perf_counter()))
-        threads.append(threading.Thread(target=call, args=(i,)))
-        threads[-1].start()
-        due += gaps.expovariate(rate)
-    for t in threads:
-        t.join()
-    return results, errors, time.perf_counter() - started
+PERF = ROOT / "perf"
 
 
 def level_row(results: list, errors: list[str], wall: float) -> dict:
@@ -204,26 +108,18 @@ def serve_levels(repo: Path, pipeline: str, levels: list[int], requests: int, pa
     """Start a server on `repo`, warm it up, run every level (then every Poisson rate of
     `rates`: (rates, requests per rate), then `then(grpc url)` if given); (start-up s, resident
     MiB of the server and its stubs (and their children), Triton version, rows)."""
-    t0 = time.perf_counter()
-    server = TritonProcess(repo, log_path=log)
     rows = []
-    try:
-        server.start(timeout_s=900)
-        startup = time.perf_counter() - t0
-        synthesize(server.grpc_url, pipeline, "Warm up.", params)
-        triton_version = server_version(server.grpc_url)
+    with served(repo, log) as run:
+        synthesize(run.grpc_url, pipeline, "Warm up.", params)
         for c in levels:
             print(f"[bench] {label} c={c}", flush=True)
-            rows.append(run_level(server.grpc_url, pipeline, c, requests, params))
+            rows.append(run_level(run.grpc_url, pipeline, c, requests, params))
         for rate in rates[0]:
             print(f"[bench] {label} {rate:g} requests/s", flush=True)
-            rows.append(run_rate(server.grpc_url, pipeline, rate, rates[1], params))
+            rows.append(run_rate(run.grpc_url, pipeline, rate, rates[1], params))
         if then is not None:
-            then(server.grpc_url)
-        rss = rss_mib(server.server_pid)   # tritonserver and its stubs, not the supervisor
-    finally:
-        server.stop()
-    return startup, rss, triton_version, rows
+            then(run.grpc_url)
+    return run.startup_s, run.rss_mib, run.triton_version, rows
 
 
 def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params: dict) -> dict:
@@ -279,7 +175,7 @@ def qwen3_in_process(model_dir: str, deploy_path: str, concurrency: int, params:
 
 def reference_audio_s_per_s(model_dir: str, batch: int, frames: int) -> float:
     """The reference generate() (qwen-tts, static batch) + its decode, in .venv-oracle."""
-    py = ROOT / ".venv-oracle" / "bin" / "python"
+    py = venv_python(".venv-oracle")
     if not py.exists():
         return float("nan")
     script = f"""
@@ -325,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                                                             "stop); Qwen3-Omni: the thinker's answer limit")
     ap.add_argument("--reference-threads", type=int, default=2, help="qwen3_omni: threads of the reference process")
     ap.add_argument("--patches", type=int, default=24, help="voxcpm2: LM steps per request at most")
-    ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
+    ap.add_argument("--results", default=str(JOURNAL), help="where the dated entry is appended")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c]
     rates = [float(r) for r in args.rate.split(",") if r]
@@ -339,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     if pipeline.family == "orpheus":
         return orpheus_bench(args, argv, pipeline, deploy_path, levels)
     if pipeline.family == "voxcpm2":
-        from perf.voxcpm2_bench import voxcpm2_bench
+        from voxcpm2_bench import voxcpm2_bench
 
         return voxcpm2_bench(args, argv, pipeline, deploy_path, levels)
     if pipeline.family == "qwen3_omni":
-        from perf.omni_bench import omni_bench
+        from omni_bench import omni_bench
 
         return omni_bench(args, argv, pipeline, deploy_path, levels)
     model = args.model
@@ -368,13 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     if pipeline.family == "qwen3_tts":
         params = {"do_sample": False, "subtalker_do_sample": False, "max_new_tokens": args.frames + 1}
 
-    # a SIGTERM (a timeout around this script) unwinds through the finally below: the server
-    # runs in its own session and would otherwise outlive us
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    unwind_on_sigterm()
     parts: dict = {}
 
     def breakdown(url: str) -> None:
-        from perf.ttfa_breakdown import ttfa_breakdown
+        from ttfa_breakdown import ttfa_breakdown
 
         print("[bench] first-audio breakdown at c = 1", flush=True)
         parts.update(ttfa_breakdown(url, args.pipeline, model, deploy_path, TEXTS[0], params))
@@ -426,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                   + " |" for r in rate_rows]
         table += "\n" + "\n".join(lines) + "\n"
     if parts:
-        from perf.ttfa_breakdown import breakdown_table
+        from ttfa_breakdown import breakdown_table
 
         table += ("\nFirst audio at c = 1, part by part (perf/ttfa_breakdown.py; 10 requests each, "
                   "p50):\n\n" + breakdown_table(parts) + "\n")
@@ -469,7 +363,7 @@ def plain_vllm(model: str, deploy_path: str, levels: list[int], requests: int, s
     job = {"model": model, "options": engine_options(stage), "prompts": [prompt.ids(t, "tara") for t in TEXTS],
            "levels": levels, "requests": requests, "sampling": worker_sampling(sampling, 0, eos)}
     (work / "vllm_job.json").write_text(json.dumps(job))
-    proc = subprocess.run([str(vllm_python()), str(ROOT / "perf" / "vllm_generate.py"), str(work / "vllm_job.json")],
+    proc = subprocess.run([str(vllm_python()), str(PERF / "vllm_generate.py"), str(work / "vllm_job.json")],
                           capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"plain vLLM failed: {proc.stderr[-2000:]}")
@@ -484,7 +378,7 @@ def orpheus_bench(args, argv, pipeline, deploy_path: str, levels: list[int]) -> 
     model = resolve_checkpoint(args.model or pipeline.default_model)
     work = Path(tempfile.mkdtemp(prefix="omni-bench-"))
     params = {"do_sample": False, "max_new_tokens": args.tokens}
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    unwind_on_sigterm()
     sections = []
     plain = None
     for engine in args.engine.split(","):

@@ -30,14 +30,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from omni_backend.engine import SamplingParams  # noqa: E402
-from omni_backend.models.qwen3_tts.checkpoint import load_checkpoint  # noqa: E402
-from omni_backend.models.qwen3_tts.exact_step import BatchInvariantOps  # noqa: E402
-from omni_backend.models.qwen3_tts.random_checkpoint import write_random_checkpoint  # noqa: E402
-from omni_backend.models.qwen3_tts.runner import create_engine  # noqa: E402
+from benchkit.paths import ROOT, venv_python
+from omni_backend.engine import SamplingParams
+from omni_backend.models.qwen3_tts.checkpoint import load_checkpoint
+from omni_backend.models.qwen3_tts.exact_step import BatchInvariantOps
+from omni_backend.models.qwen3_tts.random_checkpoint import write_random_checkpoint
+from omni_backend.models.qwen3_tts.runner import create_engine
 
 TEXTS = ["Hello world, this is a benchmark of the streaming engine.", "你好，世界。今天天气很好。",
          "The quick brown fox jumps over the lazy dog.", "How are you doing today?",
@@ -128,7 +127,7 @@ def engine_ms(checkpoint, concurrency: int, frames: int, threads: int, batch_inv
 
 
 def reference_ms_per_frame(checkpoint_dir: str, frames: int, threads: int) -> float:
-    oracle = ROOT / ".venv-oracle" / "bin" / "python"
+    oracle = venv_python(".venv-oracle")
     if not oracle.exists():
         return float("nan")
     config = json.loads((Path(checkpoint_dir) / "config.json").read_text())

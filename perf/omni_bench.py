@@ -16,14 +16,22 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchkit.load import run_clients
+from benchkit.paths import ROOT, venv_python
+from benchkit.percentiles import percentile
+from benchkit.report import markdown_table, publish
+from benchkit.served import served
+from benchkit.versions import machine, versions
+
+# the reference generate(), in its own venv (make omni-oracle), run as a script over a jobs file
+ORACLE_PYTHON = venv_python(".venv-omni-oracle")
+ORACLE_SCRIPT = ROOT / "tests" / "oracle" / "qwen3_omni_reference.py"
 
 PROMPTS = [
     "Hello! Can you tell me a short story about a robot?",
@@ -54,8 +62,6 @@ def _stream(url: str, model: str, text: str, params: dict) -> dict:
 
 
 def run_level(url: str, model: str, concurrency: int, requests: int, params: dict) -> dict:
-    from perf.bench import percentile, run_clients
-
     results, errors, wall = run_clients(concurrency, requests,
                                         lambda k, i: _stream(url, model, PROMPTS[(k + i) % len(PROMPTS)], params))
     ms = lambda key, q: percentile([r[key] * 1000 for r in results if r[key] is not None], q)  # noqa: E731
@@ -67,13 +73,11 @@ def run_level(url: str, model: str, concurrency: int, requests: int, params: dic
 
 def reference(model: str, params: dict, threads: int, work: Path) -> dict:
     """The reference generate() over the prompts, one at a time: per-turn seconds and audio."""
-    from tests.qwen3_omni_fixtures import QWEN3_OMNI_ORACLE_PYTHON, QWEN3_OMNI_ORACLE_SCRIPT
-
     jobs = [{"id": f"p{i}", "prompt": p, "speaker": params["speaker"], "thinker_max_new_tokens": params["max_tokens"],
              "talker_max_new_tokens": params["talker_max_new_tokens"]} for i, p in enumerate(PROMPTS)]
     (work / "jobs.json").write_text(json.dumps(jobs, ensure_ascii=False))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    proc = subprocess.run([str(QWEN3_OMNI_ORACLE_PYTHON), str(QWEN3_OMNI_ORACLE_SCRIPT), "--checkpoint", model,
+    proc = subprocess.run([str(ORACLE_PYTHON), str(ORACLE_SCRIPT), "--checkpoint", model,
                            "--jobs", str(work / "jobs.json"), "--out", str(work / "reference"),
                            "--threads", str(threads)], capture_output=True, text=True, env=env, timeout=3600)
     if proc.returncode != 0:
@@ -88,10 +92,8 @@ def reference(model: str, params: dict, threads: int, work: Path) -> dict:
 
 
 def omni_bench(args, argv, pipeline, deploy_path: str, levels: list[int]) -> int:
-    from client.triton_process import TritonProcess
     from ensemble_builder.build import build
     from omni_backend.models.qwen3_omni.builtin import resolve_checkpoint
-    from perf.bench import rss_mib, server_version, versions
 
     model = resolve_checkpoint(args.model or pipeline.default_model)
     work = Path(tempfile.mkdtemp(prefix="omni-bench-"))
@@ -100,19 +102,11 @@ def omni_bench(args, argv, pipeline, deploy_path: str, levels: list[int]) -> int
     repo = work / "repo"
     build(args.pipeline, repo, deploy_path, args.model)
     rows = []
-    t0 = time.perf_counter()
-    server = TritonProcess(repo, log_path=work / "tritonserver.log")
-    try:
-        server.start(timeout_s=900)
-        startup = time.perf_counter() - t0
-        _stream(server.grpc_url, args.pipeline, "Warm up.", params)
-        triton_version = server_version(server.grpc_url)
+    with served(repo, work / "tritonserver.log") as run:
+        _stream(run.grpc_url, args.pipeline, "Warm up.", params)
         for c in levels:
             print(f"[bench] served c={c}", flush=True)
-            rows.append(run_level(server.grpc_url, args.pipeline, c, args.requests, params))
-        rss = rss_mib(server.server_pid)
-    finally:
-        server.stop()
+            rows.append(run_level(run.grpc_url, args.pipeline, c, args.requests, params))
     ref = None
     if args.reference:
         print("[bench] reference generate()", flush=True)
@@ -120,9 +114,9 @@ def omni_bench(args, argv, pipeline, deploy_path: str, levels: list[int]) -> int
 
     command = f"python perf/bench.py {' '.join(argv if argv is not None else sys.argv[1:])}"
     head = (f"## {args.pipeline} ({Path(model).name}), {datetime.date.today()}\n\n"
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; {versions(triton_version)}; deploy "
+            f"Machine: {machine()}; {versions(run.triton_version)}; deploy "
             f"`{Path(deploy_path).name}`; greedy, at most {args.tokens} answer tokens and {args.frames} frames per "
-            f"turn. Server start-up {startup:.1f} s, resident memory {rss:.0f} MiB (server + stubs). "
+            f"turn. Server start-up {run.startup_s:.1f} s, resident memory {run.rss_mib:.0f} MiB (server + stubs). "
             f"Command: `{command}`\n")
     if ref:
         head += (f"\nReference (transformers `generate()`, {args.reference_threads} threads, one turn at a time, "
@@ -132,18 +126,16 @@ def omni_bench(args, argv, pipeline, deploy_path: str, levels: list[int]) -> int
             "audio s/s"]
     if ref:
         cols += ["reference / served TTFA p50", "served / reference audio s/s"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    cells = []
     for r in rows:
-        cells = [r["c"], r["requests"], r["errors"], f"{r['ttft_p50']:.0f}", f"{r['ttft_p95']:.0f}",
-                 f"{r['ttfa_p50']:.0f}", f"{r['ttfa_p95']:.0f}", f"{r['rtf_p50']:.3f}", f"{r['audio_s_per_s']:.2f}"]
+        row = [r["c"], r["requests"], r["errors"], f"{r['ttft_p50']:.0f}", f"{r['ttft_p95']:.0f}",
+               f"{r['ttfa_p50']:.0f}", f"{r['ttfa_p95']:.0f}", f"{r['rtf_p50']:.3f}", f"{r['audio_s_per_s']:.2f}"]
         if ref:
-            cells += [f"{ref['seconds_p50'] / r['ttfa_p50']:.1f}", f"{r['audio_s_per_s'] / ref['audio_s_per_s']:.2f}"]
-        lines.append("| " + " | ".join(str(x) for x in cells) + " |")
-    table = head + "\n" + "\n".join(lines) + "\n"
+            row += [f"{ref['seconds_p50'] / r['ttfa_p50']:.1f}", f"{r['audio_s_per_s'] / ref['audio_s_per_s']:.2f}"]
+        cells.append(row)
+    table = head + "\n" + markdown_table(cols, cells)
     errors = [r["first_error"] for r in rows if r["first_error"]]
     if errors:
         table += "\nFirst error: " + errors[0] + "\n"
-    print("\n" + table)
-    with open(args.results, "a") as f:
-        f.write("\n" + table)
+    publish(table, args.results)
     return 0

@@ -17,7 +17,7 @@ crash is a tritonserver restart by the supervisor (or a dead supervisor); a pipe
 heal. Every error must carry a stable code. Per run it prints requests, errors by code, wedges,
 mismatches, crashes, heals, the 2.51 async-execute race's log line ("Cannot remove future"), the
 answers "Stub process ... is not healthy" (`unhl`: a stub the host did not schedule for a second
-while tritonserver waited on it, perf/stub_health_desync.py; those clients got, and those the
+while tritonserver waited on it, perf/investigations/stub_health_desync.py; those clients got, and those the
 entry or the supervisor got and killed the stub for), p50 / p95 time to first audio per
 interface, and the load average; exit status 1 when any run had a crash, a wedge, a mismatch, a
 heal or an uncoded error. `beat s` is the oldest heartbeat of a stub that was not stuck (0.0: none
@@ -45,20 +45,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import httpx
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
-import httpx  # noqa: E402
-import numpy as np  # noqa: E402
-import tritonclient.grpc as grpcclient  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from client.speech_api.process import ShimProcess  # noqa: E402
-from client.triton_process import TritonProcess  # noqa: E402
-from client.triton_stream import coded  # noqa: E402
-from omni_backend.errors import error_code  # noqa: E402
-from omni_backend.supervisor.cpu_pressure import STARVED_SHARE, CpuPressure  # noqa: E402
-from omni_backend.testing import busy_host  # noqa: E402
+from benchkit.paths import MODEL_REPOSITORY
+from benchkit.percentiles import percentile
+from client.speech_api.process import ShimProcess
+from client.triton_process import TritonProcess
+from client.triton_stream import coded
+from omni_backend.errors import error_code
+from omni_backend.supervisor.cpu_pressure import STARVED_SHARE, CpuPressure
+from omni_backend.testing import busy_host
 
 QWEN = "qwen3_tts_tiny_random"
 ORPHEUS = "orpheus_tiny_random"
@@ -269,16 +268,9 @@ def server_pid(server: TritonProcess) -> int | None:
     return server.server_pid
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
 def run_once(args, number: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"omni-overload-{number}-"))
-    server = TritonProcess(ROOT / "model_repository", log_path=work / "tritonserver.log").start(timeout_s=300)
+    server = TritonProcess(MODEL_REPOSITORY, log_path=work / "tritonserver.log").start(timeout_s=300)
     shim = ShimProcess([server.grpc_url], log_path=work / "shim.log")
     procs: list[subprocess.Popen] = []
     stats = RunStats()
@@ -343,7 +335,7 @@ def run_once(args, number: int) -> dict:
             "crashes": int(crashed), "heals": log.count("reloading "),
             "keyerrors": log.count("Cannot remove future"),
             # a stub declared unhealthy while alive: the 2.51 backend's queues then stand one
-            # message apart (perf/stub_health_desync.py)
+            # message apart (perf/investigations/stub_health_desync.py)
             # answers seen by clients, plus those the entry or the supervisor got and acted on
             # by killing the stub (omni_backend/triton/unhealthy_stub.py)
             "unhealthy": sum("is not healthy" in x.end for x in o) + log.count("killed stub")
@@ -357,10 +349,10 @@ def run_once(args, number: int) -> dict:
             # late stubs the supervisor's quick rule let be (starved host, busy stub: supervisor.py
             # `_not_blocked`); a heal would be a stub it did not
             "reprieves": log.count("not stuck yet"),
-            "ttfa_grpc_p50_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "grpc" and x.ttfa_s], 0.5),
-            "ttfa_grpc_p95_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "grpc" and x.ttfa_s], 0.95),
-            "ttfa_http_p50_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "http" and x.ttfa_s], 0.5),
-            "ttfa_http_p95_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "http" and x.ttfa_s], 0.95),
+            "ttfa_grpc_p50_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "grpc" and x.ttfa_s], 50),
+            "ttfa_grpc_p95_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "grpc" and x.ttfa_s], 95),
+            "ttfa_http_p50_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "http" and x.ttfa_s], 50),
+            "ttfa_http_p95_ms": percentile([x.ttfa_s * 1000 for x in o if x.interface == "http" and x.ttfa_s], 95),
             "load_avg": round(statistics.mean(loads), 1) if loads else float("nan"),
             # the host's CPU pressure: mean share of time some task waited for a CPU, and the share
             # of 5-s spells under the supervisor's starved mark (where its 3-s rule may act)

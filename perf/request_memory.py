@@ -20,14 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
-
-from client.triton_process import TritonProcess  # noqa: E402
-from client.triton_stream import EMPTY_FINAL, _inputs, astream  # noqa: E402
-from soak import status_kb  # noqa: E402
-from tests.system.speech_api_helpers import hibari_repository  # noqa: E402
+from benchkit.memory import status_kb
+from benchkit.repositories import committed_models
+from client.triton_process import TritonProcess
+from client.triton_stream import EMPTY_FINAL, _inputs, astream
 
 ONE = "Memory per request, measured."
 FOUR = "One sentence here. Another one there. A third one follows. And the last one ends it."
@@ -88,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=200, help="requests per round")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="omni-request-memory-") as tmp:
-        repo = hibari_repository(Path(tmp) / "model_repository")
+        repo = committed_models(Path(tmp) / "model_repository", ("hibari", "hibari__synthesizer"))
         server = TritonProcess(repo, log_path=Path(tmp) / "tritonserver.log",
                                extra_args=["--supervisor-heal=false"]).start()
         try:

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from client.speech_api.process import ShimProcess  # noqa: E402
-from client.triton_process import TritonProcess  # noqa: E402
+from benchkit.percentiles import percentile
+from benchkit.repositories import committed_models
+from client.speech_api.process import ShimProcess
+from client.triton_process import TritonProcess
 
 FORMATS = ["pcm", "wav", "mp3", "opus", "aac", "flac", "sse"]
 TEXT = "The quick brown fox jumps over the lazy dog. Then it runs back home before the rain starts."
@@ -53,14 +53,6 @@ async def run_level(url: str, body: dict, concurrency: int, rounds: int, headers
     return [r for rs in results for r in rs]
 
 
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    if not values:
-        return float("nan")
-    k = min(len(values) - 1, max(0, round(p / 100 * (len(values) - 1))))
-    return values[k]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shim", help="URL of a running shim (default: start one)")
@@ -82,11 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         if url is None:
             tritons = args.triton
             if not tritons:
-                import shutil
-                repo = Path(tempfile.mkdtemp(prefix="shim-ttfb-")) / "model_repository"
-                for model in ("hibari", "hibari__synthesizer"):
-                    shutil.copytree(ROOT / "model_repository" / model, repo / model,
-                                    ignore=shutil.ignore_patterns("__pycache__"))
+                repo = committed_models(Path(tempfile.mkdtemp(prefix="shim-ttfb-")) / "model_repository",
+                                        ("hibari", "hibari__synthesizer"))
                 server = TritonProcess(repo, log_path=repo.parent / "tritonserver.log")
                 t0 = time.perf_counter()
                 server.start()
@@ -111,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 ok = [r for r in results if r["code"] == 200]
                 ttfb = [r["ttfb"] * 1000 for r in ok]
                 rows.append((fmt, c, len(results), len(results) - len(ok),
-                             pct(ttfb, 50), pct(ttfb, 90), max(ttfb) if ttfb else float("nan"),
+                             percentile(ttfb, 50), percentile(ttfb, 90), max(ttfb) if ttfb else float("nan"),
                              statistics.median(r["status"] * 1000 for r in ok) if ok else float("nan"),
                              statistics.median(r["total"] * 1000 for r in ok) if ok else float("nan"),
                              statistics.median(r["bytes"] for r in ok) if ok else 0))

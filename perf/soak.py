@@ -56,12 +56,14 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from client.speech_api.process import ShimProcess  # noqa: E402
-from client.triton_process import TritonProcess  # noqa: E402
-from client.triton_stream import TritonStreamError, astream  # noqa: E402
+from benchkit.memory import status_kb
+from benchkit.paths import MODEL_REPOSITORY
+from benchkit.percentiles import percentile
+from benchkit.speech_api import http_request
+from client.speech_api.process import ShimProcess
+from client.triton_process import TritonProcess
+from client.triton_stream import TritonStreamError, astream
 
 PIPELINES = ("hibari", "qwen3_tts_tiny_random")
 FORMATS = ("pcm", "wav", "mp3", "opus", "flac", "aac")
@@ -116,21 +118,6 @@ async def grpc_request(grpc, pipeline: str, text: str, params: dict, hang_up: bo
                     break
     finally:
         await chunks.aclose()   # a running request is asked to end (CONTROL=cancel), then read to its end
-    return ttfa
-
-
-async def http_request(http: httpx.AsyncClient, url: str, body: dict, hang_up: bool) -> float | None:
-    t0 = time.perf_counter()
-    ttfa = None
-    async with http.stream("POST", f"{url}/v1/audio/speech", json=body) as response:
-        if response.status_code != 200:
-            detail = (await response.aread()).decode(errors="replace")[:200]
-            raise TritonStreamError(f"http_{response.status_code}: {detail}")
-        async for chunk in response.aiter_raw():
-            if chunk and ttfa is None:
-                ttfa = time.perf_counter() - t0
-                if hang_up:
-                    break   # leaving the block closes the connection mid-body
     return ttfa
 
 
@@ -202,19 +189,6 @@ def process_name(pid: int) -> str | None:
     if argv and Path(argv[0].decode(errors="replace")).name == "tritonserver":
         return "tritonserver"
     return None
-
-
-def status_kb(pid: int) -> dict[str, int]:
-    """VmRSS and its parts (RssAnon, RssShmem) and VmHWM, in KiB."""
-    out = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM", "RssAnon", "RssShmem"):
-                out[key] = int(value.split()[0])
-    except OSError:
-        pass
-    return out
 
 
 def processes(server_pid: int, shim_pid: int) -> dict[str, tuple[int, ...]]:
@@ -317,13 +291,6 @@ def anon_parts_kb(pid: int) -> dict[str, int]:
     return parts
 
 
-def pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
-
-
 async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProcess) -> int:
     import tritonclient.grpc.aio as aioclient
 
@@ -373,7 +340,7 @@ async def soak(args: argparse.Namespace, server: TritonProcess, shim: ShimProces
             errors_total.update(errs)
             requests_total += len(window)
             rows.append({n: floor.get(n, {}) for n in names})
-            print(f"{minute:>3} {len(window):>5} {pct(ttfas, 50):>7.0f} {pct(ttfas, 95):>7.0f}  "
+            print(f"{minute:>3} {len(window):>5} {percentile(ttfas, 50):>7.0f} {percentile(ttfas, 95):>7.0f}  "
                   + " ".join(f"{rows[-1][n].get('RssAnon', 0) / 1024:>{max(8, len(n))}.1f}" for n in names)
                   + "  " + (" ".join(f"{k}={v}" for k, v in sorted(errs.items())) or "-"), flush=True)
             if args.quiet_every and (minute == 1 or minute % args.quiet_every == 0 or minute == args.minutes):
@@ -474,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="omni-soak-"))
     print(f"logs in {work}; {args.clients} clients for {args.minutes} x {args.interval_s:g} s "
           f"over {', '.join(args.pipelines)}", flush=True)
-    server = TritonProcess(ROOT / "model_repository", log_path=work / "tritonserver.log").start(timeout_s=600)
+    server = TritonProcess(MODEL_REPOSITORY, log_path=work / "tritonserver.log").start(timeout_s=600)
     try:
         shim = ShimProcess([server.grpc_url], log_path=work / "speech_api.log").start()
         try:

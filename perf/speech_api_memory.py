@@ -20,15 +20,13 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
 
-from client.speech_api.process import ShimProcess  # noqa: E402
-from client.triton_process import TritonProcess  # noqa: E402
-from omni_backend.glibc_heaps import TRIM_INTERVAL_S  # noqa: E402
-from soak import http_request, status_kb  # noqa: E402
-from tests.system.speech_api_helpers import hibari_repository  # noqa: E402
+from benchkit.memory import status_kb
+from benchkit.repositories import committed_models
+from benchkit.speech_api import http_request
+from client.speech_api.process import ShimProcess
+from client.triton_process import TritonProcess
+from omni_backend.glibc_heaps import TRIM_INTERVAL_S
 
 TEXT = "Memory per request, measured. A second sentence follows it."
 FORMATS = ("pcm", "wav", "mp3", "opus", "flac", "aac")
@@ -78,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=8, help="requests at a time")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="omni-speech-api-memory-") as tmp:
-        repo = hibari_repository(Path(tmp) / "model_repository")
+        repo = committed_models(Path(tmp) / "model_repository", ("hibari", "hibari__synthesizer"))
         server = TritonProcess(repo, log_path=Path(tmp) / "tritonserver.log",
                                extra_args=["--supervisor-heal=false"]).start()
         try:

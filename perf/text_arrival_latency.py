@@ -25,10 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from client.speech_stream_client import SpeechStreamClient, ws_url  # noqa: E402
+from benchkit.repositories import committed_models
+from client.speech_stream_client import SpeechStreamClient, ws_url
 
 SENTENCES = [f"This is sentence number {n} of the answer, written by a language model right now."
              for n in ("one", "two", "three", "four", "five", "six")]
@@ -89,10 +87,7 @@ def start_stack(model: str):
     from client.triton_process import TritonProcess
 
     tmp = Path(tempfile.mkdtemp(prefix="text-latency-"))
-    repo = tmp / "model_repository"
-    import shutil
-    for name in (model, f"{model}__talker", f"{model}__code2wav"):
-        shutil.copytree(ROOT / "model_repository" / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    repo = committed_models(tmp / "model_repository", (model, f"{model}__talker", f"{model}__code2wav"))
     triton = TritonProcess(repo, log_path=tmp / "tritonserver.log").start(timeout_s=600)
     shim = ShimProcess([triton.grpc_url], log_path=tmp / "shim.log").start(timeout_s=120)
     return triton, shim

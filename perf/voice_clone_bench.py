@@ -21,8 +21,27 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchkit.paths import MODEL_REPOSITORY
+
+# what the reference recordings say (hibari speaks them)
+VOICE_TEXTS = [
+    "Hello there, this is a short reference recording of my voice.",
+    "Good morning, everyone. I hope the trains run on time today.",
+    "The weather is lovely, so we will walk to the park after lunch.",
+    "Please leave a message after the tone, and I will call you back.",
+]
+
+
+def wav_data_url(audio, rate: int = 24000) -> str:
+    """A recording as the data URL a request's `ref_audio` takes."""
+    import base64
+    import io
+
+    import soundfile as sf
+
+    buffer = io.BytesIO()
+    sf.write(buffer, audio, rate, format="WAV")
+    return "data:audio/wav;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def _timed(fn, repeat: int) -> float:
@@ -68,9 +87,8 @@ def served(n: int = 10) -> None:
     from client.triton_process import TritonProcess
     from client.triton_stream import synthesize
     from hibari import Hibari
-    from tests.system.test_qwen3_voice_clone_pipeline import VOICE_TEXTS, wav_data_url
 
-    server = TritonProcess(ROOT / "model_repository", log_path=Path(tempfile.mkdtemp()) / "tritonserver.log")
+    server = TritonProcess(MODEL_REPOSITORY, log_path=Path(tempfile.mkdtemp()) / "tritonserver.log")
     server.start()
     try:
         greedy = {"do_sample": False, "subtalker_do_sample": False, "max_new_tokens": 12}

@@ -16,20 +16,23 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchkit.load import run_arrivals, run_clients
+from benchkit.paths import venv_python
+from benchkit.percentiles import percentile
+from benchkit.report import markdown_table, publish
+from benchkit.served import served
+from benchkit.texts import TEXTS
+from benchkit.versions import machine, versions
+
+PERF = Path(__file__).resolve().parent
 
 
 def _row(label: str, results: list, errors: list, wall: float) -> dict:
-    from perf.bench import percentile
-
     audio = sum(r.audio_s for r in results)
     return {"level": label, "requests": len(results), "errors": len(errors),
             "ttfa_p50_ms": percentile([r.ttfa_s * 1000 for r in results], 50),
@@ -38,43 +41,12 @@ def _row(label: str, results: list, errors: list, wall: float) -> dict:
             "audio_s_per_s": audio / wall if wall else 0.0, "first_error": errors[0] if errors else ""}
 
 
-def _rate_level(url: str, model: str, rate: float, count: int, params: dict) -> dict:
-    """``count`` requests arriving ``rate`` per second, each in its own thread."""
-    from client.triton_stream import TritonStreamError, synthesize
-    from perf.bench import TEXTS
-
-    results, errors = [], []
-    lock = threading.Lock()
-
-    def one(i: int) -> None:
-        try:
-            r = synthesize(url, model, TEXTS[i % len(TEXTS)], {**params, "seed": 5000 + i})
-            with lock:
-                results.append(r)
-        except (TritonStreamError, OSError) as e:
-            with lock:
-                errors.append(str(e))
-
-    threads = []
-    t0 = time.perf_counter()
-    for i in range(count):
-        delay = t0 + i / rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        t = threading.Thread(target=one, args=(i,))
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
-    return _row(f"{rate:g} req/s", results, errors, time.perf_counter() - t0)
-
-
 def reference_timing(checkpoint: str, texts: list[str], min_len: int, max_len: int, threads: int) -> dict:
-    python = ROOT / ".venv-voxcpm-oracle" / "bin" / "python"
+    python = venv_python(".venv-voxcpm-oracle")
     if not python.exists():
         return {}
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    proc = subprocess.run([str(python), str(ROOT / "perf" / "voxcpm2_reference_timing.py"), "--checkpoint",
+    proc = subprocess.run([str(python), str(PERF / "voxcpm2_reference_timing.py"), "--checkpoint",
                            checkpoint, "--texts-json", json.dumps(texts), "--min-len", str(min_len),
                            "--max-len", str(max_len), "--threads", str(threads)],
                           capture_output=True, text=True, env=env, timeout=1800)
@@ -83,19 +55,15 @@ def reference_timing(checkpoint: str, texts: list[str], min_len: int, max_len: i
     rows = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
     audio = sum(r["audio_s"] for r in rows)
     total = sum(r["total_s"] for r in rows)
-    from perf.bench import percentile
-
     return {"ttfa_p50_ms": percentile([r["ttfa_s"] * 1000 for r in rows], 50),
             "rtf_p50": percentile([r["total_s"] / r["audio_s"] for r in rows if r["audio_s"]], 50),
             "audio_s_per_s": audio / total if total else 0.0, "requests": len(rows)}
 
 
 def voxcpm2_bench(args, argv, pipeline, deploy_path: str, levels: list[int]) -> int:
-    from client.triton_process import TritonProcess
     from client.triton_stream import synthesize
     from ensemble_builder.build import build
     from omni_backend.models.voxcpm2.builtin import resolve_checkpoint
-    from perf.bench import TEXTS, rss_mib, run_clients, server_version, versions
 
     model = resolve_checkpoint(args.model or pipeline.default_model)
     work = Path(tempfile.mkdtemp(prefix="omni-bench-"))
@@ -105,51 +73,39 @@ def voxcpm2_bench(args, argv, pipeline, deploy_path: str, levels: list[int]) -> 
     params = {"min_len": max(0, patches - 2), "max_len": patches, "seed": 0}
     rates = [float(r) for r in args.rate.split(",") if r]
     rows = []
-    t0 = time.perf_counter()
-    server = TritonProcess(repo, log_path=work / "tritonserver.log")
-    try:
-        server.start(timeout_s=900)
-        startup = time.perf_counter() - t0
-        synthesize(server.grpc_url, args.pipeline, "Warm up.", params)
-        triton_version = server_version(server.grpc_url)
+    with served(repo, work / "tritonserver.log") as run:
+        url = run.grpc_url
+        synthesize(url, args.pipeline, "Warm up.", params)
         for c in levels:
             print(f"[bench] c={c}", flush=True)
-            results, errors, wall = run_clients(c, args.requests, lambda k, i: synthesize(
-                server.grpc_url, args.pipeline, TEXTS[(k + i) % len(TEXTS)], {**params, "seed": k * 1000 + i}))
-            rows.append(_row(f"c={c}", results, errors, wall))
+            rows.append(_row(f"c={c}", *run_clients(c, args.requests, lambda k, i: synthesize(
+                url, args.pipeline, TEXTS[(k + i) % len(TEXTS)], {**params, "seed": k * 1000 + i}))))
         for r in rates:
             print(f"[bench] {r:g} req/s", flush=True)
-            rows.append(_rate_level(server.grpc_url, args.pipeline, r, args.rate_requests, params))
-        rss = rss_mib(server.server_pid)
-    finally:
-        server.stop()
+            # evenly spaced arrivals, each request seeded by its number
+            rows.append(_row(f"{r:g} req/s", *run_arrivals(r, args.rate_requests, lambda k, i: synthesize(
+                url, args.pipeline, TEXTS[i % len(TEXTS)], {**params, "seed": 5000 + i}), poisson=False)))
     print("[bench] reference", flush=True)
     ref = reference_timing(model, TEXTS, params["min_len"], params["max_len"], args.reference_threads)
 
     shape = "random tiny (builtin)" if not args.model else Path(model).name
     head = (f"## {args.pipeline} ({shape}), {datetime.date.today()}\n\n"
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; {versions(triton_version)}; deploy "
+            f"Machine: {machine()}; {versions(run.triton_version)}; deploy "
             f"`{Path(deploy_path).name}`; {patches} LM steps (patches) per request at most. Server start-up "
-            f"{startup:.1f} s, resident memory {rss:.0f} MiB (server + stubs). Command: `python perf/bench.py "
+            f"{run.startup_s:.1f} s, resident memory {run.rss_mib:.0f} MiB (server + stubs). Command: `python perf/bench.py "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     cols = ["level", "requests", "errors", "TTFA p50 ms", "TTFA p95 ms", "RTF p50", "audio s/s"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(str(x) for x in [
-            r["level"], r["requests"], r["errors"], f"{r['ttfa_p50_ms']:.0f}", f"{r['ttfa_p95_ms']:.0f}",
-            f"{r['rtf_p50']:.3f}", f"{r['audio_s_per_s']:.2f}"]) + " |")
+    cells = [[r["level"], r["requests"], r["errors"], f"{r['ttfa_p50_ms']:.0f}", f"{r['ttfa_p95_ms']:.0f}",
+              f"{r['rtf_p50']:.3f}", f"{r['audio_s_per_s']:.2f}"] for r in rows]
     if ref:
-        lines.append("| " + " | ".join(str(x) for x in [
-            "reference in-process, one at a time", ref["requests"], 0, f"{ref['ttfa_p50_ms']:.0f}", "",
-            f"{ref['rtf_p50']:.3f}", f"{ref['audio_s_per_s']:.2f}"]) + " |")
-    table = head + "\n" + "\n".join(lines) + "\n"
+        cells.append(["reference in-process, one at a time", ref["requests"], 0, f"{ref['ttfa_p50_ms']:.0f}", "",
+                      f"{ref['rtf_p50']:.3f}", f"{ref['audio_s_per_s']:.2f}"])
+    table = head + "\n" + markdown_table(cols, cells)
     by_level = {r["level"]: r for r in rows}
     if "c=1" in by_level and "c=8" in by_level and by_level["c=1"]["audio_s_per_s"]:
         table += (f"\naudio s/s at c=8 / c=1: "
                   f"{by_level['c=8']['audio_s_per_s'] / by_level['c=1']['audio_s_per_s']:.2f}\n")
     if any(r["first_error"] for r in rows):
         table += "\nFirst error: " + next(r["first_error"] for r in rows if r["first_error"]) + "\n"
-    print("\n" + table)
-    with open(args.results, "a") as f:
-        f.write("\n" + table)
+    publish(table, args.results)
     return 0

@@ -13,7 +13,7 @@ that the stub's health thread has run, and a stub the host did not schedule for 
 overloaded CPU, a paused process) is declared "not healthy": that call fails, and the server's and
 the stub's message queues are left one message apart, so the next call reads a message the other
 side has freed and tritonserver aborts (`boost::interprocess::lock_exception` or SIGSEGV in
-`IPCMessage::LoadFromSharedMemory`; perf/stub_health_desync.py shows it in seconds). A model
+`IPCMessage::LoadFromSharedMemory`; perf/investigations/stub_health_desync.py shows it in seconds). A model
 that computes in `execute` is exposed for its whole compute time, one that returns at once only
 for that moment. The answer still reaches the caller as a plain (non-decoupled) response: as a
 decoupled model answering through its sender, its fast answers crashed the calling entry's stub

@@ -6,7 +6,7 @@ Why: a BLS stream that answers with many responses can freeze the caller's whole
 woken in `ResponseIterator::Next` holds the iterator's mutex while it waits for the GIL; the stub's
 message thread holds the iterator map's mutex while it waits for that iterator's mutex to hand it
 the stream's next response; a thread that holds the GIL opens another BLS call, and
-`exec(decoupled=True)` waits for the map's mutex with the GIL held. perf/bls_lock_cycle.py makes
+`exec(decoupled=True)` waits for the map's mutex with the GIL held. perf/investigations/bls_lock_cycle.py makes
 it happen within seconds with two plain Python models, and shows the three stacks. A call whose
 one response carries the FINAL flag never gets a later response, so no reader ever waits in
 `Next` and the cycle cannot form.

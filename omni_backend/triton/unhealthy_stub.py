@@ -6,7 +6,7 @@ it gives up after a second in which the stub's health thread did not run, answer
 runs it again, still takes that message: it reads freed memory (a stage stub died of a garbled
 input tensor that way under overload), answers, and leaves the two message queues one message
 apart, so that the server's next call to it reads a stale answer and aborts the whole server
-(perf/stub_health_desync.py). A stub that is killed before it runs again never takes the message:
+(perf/investigations/stub_health_desync.py). A stub that is killed before it runs again never takes the message:
 the server lives, later calls are answered "not healthy" until the supervisor, which sees the stub
 gone, reloads the pipeline. The entry sees these answers first (every stage call is its BLS call),
 so it kills the named stub itself. A reloaded model's new stub has the same instance name as the

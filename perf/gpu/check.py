@@ -3,7 +3,7 @@
     python perf/gpu/check.py                      # on a machine with an NVIDIA GPU (see check.sh)
     python perf/gpu/check.py --dry-run            # CPU, tiny shape: exercises the script's logic
 
-Steps (each prints as it goes; the tables are appended to perf/RESULTS.md):
+Steps (each prints as it goes; the tables are appended to perf/JOURNAL.md):
 
 1. random-weight checkpoints of the released 0.6B and 1.7B shapes (bf16,
    ``omni_backend.models.qwen3_tts.random_checkpoint``);
@@ -370,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default=None, help="default 1,4,8,16,32,64 (dry run: 1,2,4)")
     ap.add_argument("--frames", type=int, default=None, help="frames per request (default 100; dry run 8)")
     ap.add_argument("--work", help="folder for the checkpoints (default: a temporary folder)")
-    ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
-    ap.add_argument("--no-results", action="store_true", help="print only, do not append to RESULTS.md")
+    ap.add_argument("--results", default=str(ROOT / "perf" / "JOURNAL.md"))
+    ap.add_argument("--no-results", action="store_true", help="print only, do not append to JOURNAL.md")
     ap.add_argument("--no-served", action="store_true")
     ap.add_argument("--served-only", action="store_true",
                     help="write the checkpoints and run only the served benchmark (steps 2-4 skipped)")

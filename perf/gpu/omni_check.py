@@ -260,7 +260,7 @@ def served(work: Path, levels, results: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
+    ap.add_argument("--results", default=str(ROOT / "perf" / "JOURNAL.md"))
     ap.add_argument("--no-results", action="store_true")
     ap.add_argument("--no-served", action="store_true")
     ap.add_argument("--tokens", type=int, default=None, help="answer tokens per turn (default 64; dry run 10)")

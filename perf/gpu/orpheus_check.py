@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--tokens", type=int, default=None, help="tokens per request (default 700; dry run 70)")
-    ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
+    ap.add_argument("--results", default=str(ROOT / "perf" / "JOURNAL.md"))
     ap.add_argument("--no-results", action="store_true")
     args = ap.parse_args(argv)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -1,5 +1,5 @@
 """perf/bench.py end to end on the tiny random pipeline: its own tritonserver, the in-process
-run and the table it appends (the slow, real-shape runs live in perf/RESULTS.md)."""
+run and the table it appends (the slow, real-shape runs are in perf/RESULTS.md and perf/JOURNAL.md)."""
 from __future__ import annotations
 
 import os
@@ -50,7 +50,7 @@ def test_bench_prints_and_appends_the_table(tmp_path):
 
 def test_omni_bench_reports_text_and_audio_timing(tmp_path):
     """The Qwen3-Omni table: time to first text and first audio per level (the reference's timing
-    is a --reference run of perf/RESULTS.md; it takes minutes even on the tiny checkpoint)."""
+    is a --reference run in perf/JOURNAL.md; it takes minutes even on the tiny checkpoint)."""
     results = tmp_path / "RESULTS.md"
     done = subprocess.run([sys.executable, "perf/bench.py", "--pipeline", "qwen3_omni_tiny_random",
                            "--concurrency", "1,2", "--requests", "1", "--frames", "6", "--tokens", "12",

@@ -1,7 +1,7 @@
 """perf_analyzer (the real binary from the tritonclient wheel) drives the entry model.
 
 The script starts its own tritonserver here (its documented stand-alone mode, which this also
-tests), so a run of perf_analyzer cannot disturb the suite's shared server (README "Known limits":
+tests), so a run of perf_analyzer cannot disturb the suite's shared server (docs/known-limits.md:
 the stage-stream wedge seen once under its load, and the fix)."""
 from __future__ import annotations
 

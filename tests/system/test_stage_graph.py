@@ -93,7 +93,7 @@ def test_a_storm_of_small_responses_never_freezes_the_entry(toy_server):
     """16 clients for 45 s, a third of them leaving after the first chunk: stage streams of many
     small responses, streams opened and cancelled all the time. When the entry read each stage
     stream as one BLS call of many responses, the Python backend's lock cycle
-    (omni_backend/triton/pulled_stream.py, perf/bls_lock_cycle.py) froze the entry's whole process
+    (omni_backend/triton/pulled_stream.py, perf/investigations/bls_lock_cycle.py) froze the entry's whole process
     within 34-38 s of this load, every time."""
     stop = time.monotonic() + 45
     done, errors = [], []

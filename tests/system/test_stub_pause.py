@@ -2,7 +2,7 @@
 2.51's message queues apart: a batched stage paused in the middle of a decode answers the paused
 call, and every later call equals its answer from before; a stage paused before a call reaches it
 is killed by the entry at Triton's "not healthy" answer, before it runs again. The server lives
-(perf/stub_health_desync.py)."""
+(perf/investigations/stub_health_desync.py)."""
 from __future__ import annotations
 
 import os
@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_codec_stub_paused_mid_decode_answers_and_later_calls_stay_exact():
-    run = subprocess.run([sys.executable, str(ROOT / "perf" / "stub_health_desync.py"), "--when", "during",
+    script = ROOT / "perf" / "investigations" / "stub_health_desync.py"
+    run = subprocess.run([sys.executable, str(script), "--when", "during",
                           "--pause-s", "3"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     print(run.stdout[-3000:], run.stderr[-3000:])
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
@@ -32,7 +33,7 @@ def test_a_stage_stub_answered_not_healthy_is_killed_before_it_runs_again(tmp_pa
     """A stage's stub the host does not run for a second while the entry's call reaches it (paused
     with SIGSTOP, without the supervisor, which would kill a stopped stub itself): tritonserver
     answers "not healthy" and frees the call. The entry kills that stub at once, so it never takes
-    the freed call (which, taken, aborted the server: perf/stub_health_desync.py); the client gets
+    the freed call (which, taken, aborted the server: perf/investigations/stub_health_desync.py); the client gets
     `unavailable:` naming the stage; the server lives, and after a reload serves exactly again."""
     import tritonclient.grpc as grpcclient
 

@@ -90,7 +90,7 @@ class BatchInvariantOps:
 
     # On CPU (one thread), MKL runs 2-3 rows through another kernel than 4: every weight of a
     # random ``small`` frame once takes 28.3 ms at 2 rows, 32.3 at 3, 27.3 at 4. Batches of 2-3
-    # rows are padded to 4 (perf/RESULTS.md).
+    # rows are padded to 4 (perf/JOURNAL.md).
     MIN_GEMM_ROWS = 4
 
     @classmethod

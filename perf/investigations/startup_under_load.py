@@ -1,6 +1,6 @@
 """Start the supervised server again and again on a CPU kept saturated: does it come up, how fast?
 
-    .venv/bin/python perf/startup_under_load.py [--starts 5] [--burners N] [--auto-complete]
+    .venv/bin/python perf/investigations/startup_under_load.py [--starts 5] [--burners N] [--auto-complete]
 
 Each start loads the committed model_repository while `--burners` busy processes (default 8x the
 cores) keep every core busy, the way a server restarted after a crash under load loads. Per start
@@ -21,12 +21,11 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from client.triton_process import TritonProcess  # noqa: E402
-from omni_backend.supervisor import stubs  # noqa: E402
-from omni_backend.testing import busy_host  # noqa: E402
+from client.triton_process import TritonProcess
+from omni_backend.supervisor import stubs
+from omni_backend.testing import busy_host
 
 
 def _watch_stubs(server: TritonProcess, seen: set[int], stop: threading.Event) -> None:

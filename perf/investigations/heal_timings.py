@@ -1,6 +1,6 @@
 """How fast a dead stage is noticed and healed, and how fast SIGTERM under load ends the server.
 
-    .venv/bin/python perf/heal_timings.py [--rounds 3]
+    .venv/bin/python perf/investigations/heal_timings.py [--rounds 3]
 
 Each round starts its own supervised tritonserver (hibari from the committed model_repository,
 the tiny Qwen3-TTS with eos held back: `omni_backend.testing.long_streams`) and, with streams
@@ -37,14 +37,13 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from client.triton_process import TritonProcess  # noqa: E402
-from client.triton_stream import TritonStreamError, stream  # noqa: E402
-from omni_backend.errors import error_code  # noqa: E402
-from omni_backend.supervisor import stubs  # noqa: E402
-from omni_backend.testing import long_streams  # noqa: E402
+from client.triton_process import TritonProcess
+from client.triton_stream import TritonStreamError, stream
+from omni_backend.errors import error_code
+from omni_backend.supervisor import stubs
+from omni_backend.testing import long_streams
 
 QWEN = long_streams.QWEN
 LONG_FRAMES = 4000   # eos held back this long (`long_streams`): minutes of audio

@@ -1,6 +1,6 @@
 """Reproduce the Python backend's BLS lock cycle that can freeze a whole stub process.
 
-    .venv/bin/python perf/bls_lock_cycle.py [--pattern stream|single] [--seconds 120]
+    .venv/bin/python perf/investigations/bls_lock_cycle.py [--pattern stream|single] [--seconds 120]
 
 Two plain Python-backend models, none of this project's code: `burst` (decoupled) answers each
 request with N tiny responses; `caller` (decoupled) runs, for `--seconds`, threads that open
@@ -32,10 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from client.triton_process import TritonProcess  # noqa: E402
+from client.triton_process import TritonProcess
 
 BURST = '''
 import threading

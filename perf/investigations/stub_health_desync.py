@@ -1,6 +1,6 @@
 """A batched stage's stub that is not scheduled for a second: does tritonserver survive it?
 
-    .venv/bin/python perf/stub_health_desync.py [--when during|before] [--pause-s 3] [--frames 2000]
+    .venv/bin/python perf/investigations/stub_health_desync.py [--when during|before] [--pause-s 3] [--frames 2000]
                                                 [--kill-unhealthy]
 
 Starts a plain tritonserver (no supervisor, so nothing heals) with only the tiny Qwen3-TTS codec
@@ -32,14 +32,13 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-import numpy as np  # noqa: E402
-import tritonclient.grpc as grpcclient  # noqa: E402
+import numpy as np
+import tritonclient.grpc as grpcclient
 
-from client.triton_process import PlainTritonProcess  # noqa: E402
-from omni_backend.supervisor import stubs  # noqa: E402
+from client.triton_process import PlainTritonProcess
+from omni_backend.supervisor import stubs
 
 MODEL = "qwen3_tts_tiny_random__code2wav"
 GROUPS = 16   # the tiny checkpoint's code groups

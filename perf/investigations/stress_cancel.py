@@ -1,6 +1,6 @@
 """Stress one server with cancellations, errors, bursts and perf_analyzer runs until it wedges.
 
-    .venv/bin/python perf/stress_cancel.py [--iterations 300] [--py-spy /path/to/py-spy]
+    .venv/bin/python perf/investigations/stress_cancel.py [--iterations 300] [--py-spy /path/to/py-spy]
 
 Each iteration starts 2-8 concurrent hibari requests: some are cancelled right after their first
 audio, some fail in the stage, the rest run to the end; every 15th iteration runs
@@ -23,14 +23,13 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-import numpy as np  # noqa: E402
-import tritonclient.grpc as grpcclient  # noqa: E402
+import numpy as np
+import tritonclient.grpc as grpcclient
 
-from client.triton_process import TritonProcess  # noqa: E402
-from client.triton_stream import TritonStreamError, synthesize  # noqa: E402
+from client.triton_process import TritonProcess
+from client.triton_stream import TritonStreamError, synthesize
 
 LONG = " ".join(f"This is sentence number {i} of a long story." for i in range(40))
 
