@@ -12,21 +12,13 @@ import torch
 from omni_backend.models.voxcpm2.config import parse_config
 from omni_backend.models.voxcpm2.minicpm import StaticKVCache
 from omni_backend.models.voxcpm2.model import StepState, VoxCPM2
-from omni_backend.models.voxcpm2.random_checkpoint import checkpoint_config
+from omni_backend.models.voxcpm2.random_checkpoint import released_scale_config
 
 META = torch.device("meta")
 
 
 def _released_scale() -> dict:
-    cfg = checkpoint_config("tiny")
-    head_dim = 64
-    cfg["lm_config"].update(hidden_size=2048, intermediate_size=6144, num_attention_heads=32,
-                            num_key_value_heads=2, num_hidden_layers=28, vocab_size=73448, use_mup=True)
-    cfg["lm_config"]["rope_scaling"].update(long_factor=[1.0] * (head_dim // 2), short_factor=[1.0] * (head_dim // 2))
-    cfg.update(patch_size=4, feat_dim=64, residual_lm_num_layers=8, scalar_quantization_latent_dim=512)
-    cfg["encoder_config"].update(hidden_dim=1024, ffn_dim=4096, num_heads=16, num_layers=4)
-    cfg["dit_config"].update(hidden_dim=1024, ffn_dim=4096, num_heads=16, num_layers=4)
-    return cfg
+    return released_scale_config()
 
 
 def test_meta_device_rejects_host_reads():
