@@ -50,7 +50,13 @@ def test_served_together_equals_alone(tiny2, batch_invariant, static_step):
     engine = create_engine(model, max_num_seqs=8, max_model_len=model.config.max_length,
                            batch_invariant=batch_invariant, static_step=static_step, cuda_graph_sizes=(1, 2, 4))
     assert (engine.runner.static is not None) == static_step
+    padded = []
+    if static_step:   # record each run's rows and bucket: padded buckets must occur
+        graphs, run = engine.runner.graphs, engine.runner.graphs.run
+        graphs.run = lambda rows, *variant: padded.append((rows, run(rows, *variant))) or padded[-1][1]
     frames = engine.generate(requests)
+    if static_step and not batch_invariant:
+        assert any(size > rows for rows, size in padded), padded
     lengths = []
     for rid, prompt, params in requests:
         e = params.extra
