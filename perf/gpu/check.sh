@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the Qwen3-TTS pipeline, after the Orpheus vLLM and Qwen3-Omni checks (see perf/gpu/README.md).
+# GPU check of the Qwen3-TTS pipeline, after the Orpheus vLLM, Qwen3-Omni and VoxCPM2 checks (see perf/gpu/README.md).
 # Run from anywhere:
 #   perf/gpu/check.sh              # NVIDIA GPU + torch: parity, memory, in-process (+ served) benchmark
 #   perf/gpu/check.sh --dry-run    # CPU, tiny shapes: checks the script logic
@@ -32,6 +32,11 @@ fi
 # like the Orpheus one; it takes the same report arguments.
 if [[ "${OMNI_CHECK:-1}" != 0 ]]; then
   timeout "${OMNI_TIMEOUT:-180}" "$PY" perf/gpu/omni_check.py "${orpheus_args[@]}" || echo "omni check: exit $?"
+fi
+# The VoxCPM2 check (released LM sizes made in GPU memory; the step with its side module on CUDA
+# graphs vs eager, and its throughput), bounded like the others; it takes the same report arguments.
+if [[ "${VOXCPM2_CHECK:-1}" != 0 ]]; then
+  timeout "${VOXCPM2_TIMEOUT:-120}" "$PY" perf/gpu/voxcpm2_check.py "${orpheus_args[@]}" || echo "voxcpm2 check: exit $?"
 fi
 # sized for < 8 minutes on an H200; the guard (SIGTERM at 540 s in all, under a 600 s command
 # limit) still lets check.py write the report of what it measured

@@ -13,7 +13,7 @@ PY=${PYTHON:-python3}
 [ -x $V/bin/python ] || $PY -m venv $V
 $V/bin/pip install -q --upgrade "pip==25.3"
 $V/bin/pip install -q torch==2.13.0 numpy==1.26.4 transformers==4.57.3 pydantic==2.14.4 \
-  einops==0.8.1 librosa==0.11.0 tqdm==4.70.1 safetensors==0.8.0 soundfile==0.14.0
+  einops==0.8.1 librosa==0.11.0 tqdm==4.70.1 safetensors==0.8.0 soundfile==0.14.0 soxr==1.1.0
 $V/bin/pip install -q --no-deps voxcpm==2.0.3 torchaudio==2.11.1
 # torchaudio's compiled parts link CUDA; the reference only needs its pure-Python pieces
 rm -f $V/lib/python3*/site-packages/torchaudio/lib/*.so

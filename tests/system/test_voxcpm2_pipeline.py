@@ -2,11 +2,13 @@
 real tritonserver.
 
 One server hosts two builds: ``voxcpm2_tiny_random`` (the built-in random checkpoint, the writer's
-``tiny`` shape) and ``voxcpm2`` on the ``tiny2`` checkpoint, both on CPU. With the same seed the
-served audio of each job (English, Chinese, long, mixed, two cloning from ``ref_audio`` +
-``ref_text``) equals the reference's (voxcpm 2.0.3's non-streaming ``generate``) within 1e-4; 8
-concurrent requests equal their solo runs; bad values are refused with ``invalid_request``
-naming the field; a recording is encoded once.
+``tiny`` shape) and ``voxcpm2`` on the ``tiny2`` checkpoint, both on CPU; a second server hosts
+``voxcpm2`` on the ``tiny3`` checkpoint (one pipeline name holds one checkpoint per server). With
+the same seed the served audio of each job (English, Chinese, long, mixed, two cloning from
+``ref_audio`` + ``ref_text``) equals the reference's (voxcpm 2.0.3's non-streaming ``generate``)
+within 1e-4 on all three shapes; 8 concurrent requests equal their solo runs (on ``tiny`` and
+``tiny3``); bad values are refused with ``invalid_request`` naming the field; a recording is
+encoded once.
 """
 from __future__ import annotations
 
@@ -45,13 +47,9 @@ stages:
 """
 
 
-@pytest.fixture(scope="module")
-def voxcpm2_server(voxcpm2_checkpoints, tmp_path_factory):
-    work = tmp_path_factory.mktemp("voxcpm2-served")
+def _serve(work: Path, builds: list[list[str]]):
+    """A tritonserver over a repository of ``builds`` (``ensemble_builder build`` arguments)."""
     repo = work / "repository"
-    (work / "voxcpm2.yaml").write_text(DEPLOY)
-    builds = [["--pipeline", BUILTIN],
-              ["--pipeline", BUILT, "--model", str(voxcpm2_checkpoints["tiny2"]), "--deploy", str(work / "voxcpm2.yaml")]]
     for args in builds:
         subprocess.run([sys.executable, "-m", "ensemble_builder", "build", *args, "--out", str(repo)], check=True,
                        cwd=ROOT, capture_output=True)
@@ -63,6 +61,25 @@ def voxcpm2_server(voxcpm2_checkpoints, tmp_path_factory):
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def voxcpm2_server(voxcpm2_checkpoints, tmp_path_factory):
+    work = tmp_path_factory.mktemp("voxcpm2-served")
+    (work / "voxcpm2.yaml").write_text(DEPLOY)
+    yield from _serve(work, [["--pipeline", BUILTIN],
+                             ["--pipeline", BUILT, "--model", str(voxcpm2_checkpoints["tiny2"]),
+                              "--deploy", str(work / "voxcpm2.yaml")]])
+
+
+@pytest.fixture(scope="module")
+def voxcpm2_tiny3_server(voxcpm2_checkpoints, tmp_path_factory):
+    """The third random shape (one backbone layer, three residual layers, its own patch size and
+    VAE rates) served as ``voxcpm2`` with the same deploy."""
+    work = tmp_path_factory.mktemp("voxcpm2-tiny3-served")
+    (work / "voxcpm2.yaml").write_text(DEPLOY)
+    yield from _serve(work, [["--pipeline", BUILT, "--model", str(voxcpm2_checkpoints["tiny3"]),
+                              "--deploy", str(work / "voxcpm2.yaml")]])
+
+
 def _params(job: dict) -> dict:
     params = {k: job[k] for k in ("seed", "cfg_value", "inference_timesteps", "min_len", "max_len") if k in job}
     if job.get("prompt_wav"):
@@ -71,24 +88,28 @@ def _params(job: dict) -> dict:
     return params
 
 
-@pytest.mark.parametrize("pipeline,shape", [(BUILTIN, "tiny"), (BUILT, "tiny2")])
-def test_served_audio_equals_reference(voxcpm2_server, voxcpm2_reference, voxcpm2_jobs, pipeline, shape):
+@pytest.mark.parametrize("server,pipeline,shape", [("voxcpm2_server", BUILTIN, "tiny"),
+                                                   ("voxcpm2_server", BUILT, "tiny2"),
+                                                   ("voxcpm2_tiny3_server", BUILT, "tiny3")])
+def test_served_audio_equals_reference(request, voxcpm2_reference, voxcpm2_jobs, server, pipeline, shape):
+    url = request.getfixturevalue(server).grpc_url
     for job in voxcpm2_jobs:
         want = voxcpm2_reference[shape]["jobs"][job["id"]]["waveform"]
-        result = synthesize(voxcpm2_server.grpc_url, pipeline, job["text"], _params(job))
+        result = synthesize(url, pipeline, job["text"], _params(job))
         assert result.sample_rate == 48000
         assert result.audio.shape == want.shape, job["id"]
         np.testing.assert_allclose(result.audio, want, atol=WAVEFORM_ATOL, rtol=0, err_msg=f"{shape}/{job['id']}")
         assert len(result.chunks) > 1, job["id"]         # streamed in windows, not at the end
 
 
-def test_concurrent_requests_equal_solo(voxcpm2_server):
+@pytest.mark.parametrize("server,pipeline", [("voxcpm2_server", BUILTIN), ("voxcpm2_tiny3_server", BUILT)])
+def test_concurrent_requests_equal_solo(request, server, pipeline):
+    url = request.getfixturevalue(server).grpc_url
     texts = [f"Concurrent request number {i}, with its own words." for i in range(8)]
     params = [{"seed": 100 + i, "min_len": 4 + i, "inference_timesteps": (4, 6)[i % 2]} for i in range(8)]
-    solo = [synthesize(voxcpm2_server.grpc_url, BUILTIN, t, p).audio for t, p in zip(texts, params)]
+    solo = [synthesize(url, pipeline, t, p).audio for t, p in zip(texts, params)]
     with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda tp: synthesize(voxcpm2_server.grpc_url, BUILTIN, *tp).audio,
-                                 zip(texts, params)))
+        together = list(pool.map(lambda tp: synthesize(url, pipeline, *tp).audio, zip(texts, params)))
     for i, (a, b) in enumerate(zip(solo, together)):
         assert a.size > 0
         np.testing.assert_array_equal(a, b, err_msg=f"request {i}")

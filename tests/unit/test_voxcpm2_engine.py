@@ -1,7 +1,11 @@
 """VoxCPM2's runner on the shared AR engine, in process: 8 requests of different lengths,
 timesteps and seeds served together equal each one's ``generate_latents`` run alone: bit for bit
 with ``batch_invariant`` (rows alone), within float32 rounding with batched rows; the stop head
-ends requests at different lengths; a bad knob names its field."""
+ends requests at different lengths; a bad knob names its field.
+
+The static step (the CUDA path's step over static buffers, which graphs capture) runs here eagerly,
+as ``enforce_eager`` runs it on a GPU: batched in padded buckets it equals the same runs alone
+within float32 rounding, and one row at a time (``batch_invariant``) bit for bit."""
 from __future__ import annotations
 
 import numpy as np
@@ -37,13 +41,22 @@ def _requests(model, tokenize):
     return out
 
 
-@pytest.mark.parametrize("batch_invariant", [True, False])
-def test_served_together_equals_alone(tiny2, batch_invariant):
+@pytest.mark.parametrize("batch_invariant,static_step", [(True, False), (False, False), (True, True),
+                                                         (False, True)])
+def test_served_together_equals_alone(tiny2, batch_invariant, static_step):
     model, tokenize = tiny2
     requests = _requests(model, tokenize)
+    # buckets 1, 2, 4, 8: as requests stop, the groups (one per timestep count) shrink to padded buckets
     engine = create_engine(model, max_num_seqs=8, max_model_len=model.config.max_length,
-                           batch_invariant=batch_invariant)
+                           batch_invariant=batch_invariant, static_step=static_step, cuda_graph_sizes=(1, 2, 4))
+    assert (engine.runner.static is not None) == static_step
+    padded = []
+    if static_step:   # record each run's rows and bucket: padded buckets must occur
+        graphs, run = engine.runner.graphs, engine.runner.graphs.run
+        graphs.run = lambda rows, *variant: padded.append((rows, run(rows, *variant))) or padded[-1][1]
     frames = engine.generate(requests)
+    if static_step and not batch_invariant:
+        assert any(size > rows for rows, size in padded), padded
     lengths = []
     for rid, prompt, params in requests:
         e = params.extra

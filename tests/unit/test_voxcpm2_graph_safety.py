@@ -12,21 +12,13 @@ import torch
 from omni_backend.models.voxcpm2.config import parse_config
 from omni_backend.models.voxcpm2.minicpm import StaticKVCache
 from omni_backend.models.voxcpm2.model import StepState, VoxCPM2
-from omni_backend.models.voxcpm2.random_checkpoint import checkpoint_config
+from omni_backend.models.voxcpm2.random_checkpoint import released_scale_config
 
 META = torch.device("meta")
 
 
 def _released_scale() -> dict:
-    cfg = checkpoint_config("tiny")
-    head_dim = 64
-    cfg["lm_config"].update(hidden_size=2048, intermediate_size=6144, num_attention_heads=32,
-                            num_key_value_heads=2, num_hidden_layers=28, vocab_size=73448, use_mup=True)
-    cfg["lm_config"]["rope_scaling"].update(long_factor=[1.0] * (head_dim // 2), short_factor=[1.0] * (head_dim // 2))
-    cfg.update(patch_size=4, feat_dim=64, residual_lm_num_layers=8, scalar_quantization_latent_dim=512)
-    cfg["encoder_config"].update(hidden_dim=1024, ffn_dim=4096, num_heads=16, num_layers=4)
-    cfg["dit_config"].update(hidden_dim=1024, ffn_dim=4096, num_heads=16, num_layers=4)
-    return cfg
+    return released_scale_config()
 
 
 def test_meta_device_rejects_host_reads():
@@ -57,3 +49,25 @@ def test_step_has_no_host_sync(rows, timesteps):
     assert patch.device == META and patch.shape == (rows, p, d)
     assert stop.shape == (rows,)
     assert nxt.lm_hidden.shape == (rows, h) and nxt.residual_hidden.shape == (rows, h)
+
+
+@pytest.mark.parametrize("batch,rows,timesteps", [(1, 1, 10), (3, 4, 10), (8, 8, 4)])
+def test_static_step_has_no_host_sync(batch, rows, timesteps):
+    """The runner's CUDA-graph step itself (what ``GraphBuckets`` captures), padding rows included:
+    ``batch`` requests in a bucket of ``rows``, over static buffers, on the meta device."""
+    from omni_backend.models.voxcpm2.static_step import StaticStep
+
+    config = parse_config(_released_scale())
+    with META:
+        model = VoxCPM2(config).to(torch.bfloat16)
+        lm_cache = StaticKVCache(config.lm_config, 9, 256, META, torch.bfloat16)
+        res_cache = StaticKVCache(config.residual_lm(), 9, 256, META, torch.bfloat16)
+        h, p, d = config.lm_config.hidden_size, config.patch_size, config.feat_dim
+        static = StaticStep(model, lm_cache, res_cache, rows=8, scratch_slot=8)
+        state = StepState(torch.empty(batch, h, dtype=torch.bfloat16), torch.empty(batch, h, dtype=torch.bfloat16),
+                          torch.empty(batch, p, d, dtype=torch.bfloat16))
+        static.load(state, torch.empty(batch, d, p, dtype=torch.bfloat16), torch.empty(batch),
+                    torch.arange(batch) + 17, torch.arange(batch), rows)
+    static.run(rows, timesteps)
+    assert static.patches.device == META and static.patches.shape == (8, p, d)
+    assert static.stop.shape == (8,) and static.lm_hidden.shape == (8, h)

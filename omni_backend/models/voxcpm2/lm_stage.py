@@ -44,7 +44,10 @@ class VoxCPM2LMStage(StageModel):
         self.tokenize = TextTokenizer(path)
         self.engine = AsyncEngine(create_engine(self.model, max_num_seqs=sd.max_num_seqs,
                                                 max_model_len=sd.max_model_len,
-                                                batch_invariant=bool(sd.batch_invariant), num_threads=sd.threads))
+                                                batch_invariant=bool(sd.batch_invariant), num_threads=sd.threads,
+                                                cuda_graph_sizes=sd.cuda_graph_sizes, enforce_eager=sd.enforce_eager,
+                                                # graphs for the default solver; other counts run the same step eagerly
+                                                graph_timesteps=(int(DEFAULTS["inference_timesteps"]),)))
         self.recordings: OrderedDict = OrderedDict()
         self.recordings_size = int(os.environ.get("OMNI_VOICE_CACHE_SIZE", "256"))
         self.recordings_lock = threading.Lock()

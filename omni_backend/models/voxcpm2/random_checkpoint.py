@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SHAPES", "Shape", "checkpoint_config", "tensor_specs", "write_random_checkpoint", "main"]
+__all__ = ["SHAPES", "Shape", "checkpoint_config", "released_scale_config", "tensor_specs", "write_random_checkpoint", "main"]
 
 AUDIO_START, AUDIO_END, REF_AUDIO_START, REF_AUDIO_END = 101, 102, 103, 104
 
@@ -297,6 +297,22 @@ def _vae_tensors(v: dict) -> list:
     if buckets:
         out.append(("decoder.sr_bin_boundaries", (buckets - 1,), "boundaries"))
     return out
+
+
+def released_scale_config() -> dict:
+    """The language model's sizes of the released VoxCPM2 (backbone 2048 x 28 layers, 73448-token
+    vocabulary, residual LM 8 layers, local encoder and DiT 1024 x 4, patch 4, 64 latent
+    channels) on the tiny shape's config: for the meta-device graph-safety test and the GPU check,
+    which build the model without weights on disk."""
+    cfg = checkpoint_config("tiny")
+    head_dim = 64
+    cfg["lm_config"].update(hidden_size=2048, intermediate_size=6144, num_attention_heads=32,
+                            num_key_value_heads=2, num_hidden_layers=28, vocab_size=73448, use_mup=True)
+    cfg["lm_config"]["rope_scaling"].update(long_factor=[1.0] * (head_dim // 2), short_factor=[1.0] * (head_dim // 2))
+    cfg.update(patch_size=4, feat_dim=64, residual_lm_num_layers=8, scalar_quantization_latent_dim=512)
+    cfg["encoder_config"].update(hidden_dim=1024, ffn_dim=4096, num_heads=16, num_layers=4)
+    cfg["dit_config"].update(hidden_dim=1024, ffn_dim=4096, num_heads=16, num_layers=4)
+    return cfg
 
 
 def tensor_specs(shape: str = "tiny") -> tuple[list, list]:
