@@ -28,6 +28,8 @@ from omni_backend.testing.llama_random import write_random_llama
 from tests.requirement import require
 
 REPO = Path(__file__).resolve().parents[2]
+# a vLLM worker in .venv-vllm against .venv-oracle: not the edit-test loop (tests/tiers.py)
+pytestmark = pytest.mark.oracle
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 ORACLE_PYTHON = REPO / ".venv-oracle" / "bin" / "python"
 ORACLE_SCRIPT = REPO / "tests" / "oracle" / "llama_reference.py"
