@@ -7,11 +7,12 @@ Ports need no grouping: every server takes free ports from the kernel (client/se
 from __future__ import annotations
 
 import inspect
+import sysconfig
 from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
+INSTALLED = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib", "stdlib")}
 
 
 def _keys(item: pytest.Item) -> list[str]:
@@ -22,8 +23,9 @@ def _keys(item: pytest.Item) -> list[str]:
         if not defs or defs[-1].scope != "session":
             continue
         where = Path(inspect.getfile(defs[-1].func)).resolve()
-        # pytest's own (tmp_path_factory) are cheap, and an autouse one (every test uses it) ties nothing
-        if TESTS in where.parents and not getattr(defs[-1], "_autouse", False):
+        # installed plugins' (pytest's tmp_path_factory) are cheap, and an autouse one (every test
+        # uses it) ties nothing
+        if not any(root in where.parents for root in INSTALLED) and not getattr(defs[-1], "_autouse", False):
             keys.append(f"fixture {where}::{name}")
     return keys
 
@@ -59,7 +61,7 @@ def assign(items: list[pytest.Item]) -> dict[str, list[pytest.Item]]:
     out: dict[str, list[pytest.Item]] = {}
     for item in items:
         root = groups.find(keys[item.nodeid][0])
-        out.setdefault(root.split("/tests/", 1)[-1], []).append(item)
+        out.setdefault(root.removeprefix("module ").split("/tests/", 1)[-1], []).append(item)
     return out
 
 
