@@ -37,6 +37,7 @@ def _requests(model, tokenize):
     return out
 
 
+@pytest.mark.slow   # a served batch against solo runs, both modes: not the edit-test loop
 @pytest.mark.parametrize("batch_invariant", [True, False])
 def test_served_together_equals_alone(tiny2, batch_invariant):
     model, tokenize = tiny2
