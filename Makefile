@@ -3,8 +3,10 @@
 #   make test       -> the same set-up plus the reference (oracle) venvs, installed side by side,
 #                      then the whole test suite on TEST_WORKERS processes (default 2; 1: one process)
 # and one for the edit-test loop, once `make test` (or `make venv`) has set up:
-#   make test-unit  -> the unit tests that start no server and need no oracle or vLLM venv
-#                      (tests marked `unit_fast` by tests/tiers.py; a few minutes)
+#   make test-unit  -> the unit tests that start no server, need no oracle or vLLM venv and are
+#                      not marked slow (marker `unit_fast`, given by tests/tiers.py): about
+#                      160 s of CPU on two workers; narrow it with PYTEST_ARGS="-k name"
+# Under CI=true (.ci/run) no test may skip: a missing oracle, tool or model fails it.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
