@@ -7,11 +7,16 @@ Ports need no grouping: every server takes free ports from the kernel (client/se
 from __future__ import annotations
 
 import inspect
+import json
+import os
+import shutil
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
 
+GROUPS_ENV = "OMNI_TEST_GROUPS_FILE"
 INSTALLED = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib", "stdlib")}
 
 
@@ -65,10 +70,47 @@ def assign(items: list[pytest.Item]) -> dict[str, list[pytest.Item]]:
     return out
 
 
-@pytest.hookimpl(tryfirst=True)   # before xdist reads the marks
+def _grouping(config: pytest.Config) -> bool:
+    # the controller has --dist; a worker runs with dist "no" and xdist's own loadgroup flag
+    return getattr(config.option, "dist", "no") == "loadgroup" or bool(getattr(config.option, "loadgroup", False))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On the controller: a file where the workers put the groups (they collect, it does not);
+    they inherit its path from the environment."""
+    if _grouping(config) and not hasattr(config, "workerinput"):
+        folder = Path(tempfile.mkdtemp(prefix="omni-test-groups-"))
+        os.environ[GROUPS_ENV] = str(folder / "groups.json")
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if getattr(config.option, "dist", "no") != "loadgroup" or not items:
+    """On a worker: write test id -> group (every worker collects the same tests, so any one's
+    file will do; written whole, then renamed, so the controller never reads half of one)."""
+    if not (_grouping(config) and hasattr(config, "workerinput") and os.environ.get(GROUPS_ENV) and items):
         return
-    for name, members in assign(items).items():
-        for item in members:
-            item.add_marker(pytest.mark.xdist_group(name))
+    target = Path(os.environ[GROUPS_ENV])
+    mapping = {item.nodeid: name for name, members in assign(items).items() for item in members}
+    part = target.with_name(f"{target.name}.{os.getpid()}")
+    part.write_text(json.dumps(mapping))
+    part.replace(target)
+
+
+@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist, absent without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with our groups: xdist's own reads ``xdist_group`` marks from test ids,
+    which pytest 9 no longer lets a plugin rename, so it would group nothing."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return None
+    from xdist.scheduler.loadscope import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            # asked only once every worker has collected: the file is there
+            if self.groups is None:
+                self.groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text())
+            return self.groups.get(nodeid, nodeid.split("::", 1)[0])
+
+    return GroupScheduling(config, log)

@@ -2,7 +2,12 @@
 session fixture (a server, an oracle's reference run), share a worker: each is made once."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from tests.worker_groups import assign
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CONFTEST = '''
 import pytest
@@ -43,11 +48,28 @@ def test_modules_and_session_fixtures_tie_tests_and_nothing_else_does(pytester):
                                  {"test_e1"}, {"test_f1"}]
 
 
-def test_the_marks_are_given_only_for_loadgroup(pytester):
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_a="def test_a1(server): pass\n", test_b="def test_b1(server): pass\n")
-    plain = pytester.inline_genitems("-p", "tests.worker_groups")[0]
-    assert not any(item.get_closest_marker("xdist_group") for item in plain)
-    grouped = pytester.inline_genitems("-p", "tests.worker_groups", "--dist", "loadgroup")[0]
-    names = {item.get_closest_marker("xdist_group").args[0] for item in grouped}
-    assert len(names) == 1, names
+def test_two_workers_make_each_session_fixture_once(pytester, monkeypatch):
+    """A real run on two workers: the two modules that use one session fixture run on one worker,
+    which makes the fixture once; the other modules spread over both."""
+    made = pytester.path / "made.txt"
+    pytester.makeconftest(f'''
+import os, pytest
+
+@pytest.fixture(scope="session")
+def server():
+    with open({str(made)!r}, "a") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+''')
+    pytester.makepyfile(**{f"test_{m}": f"def test_{m}1(server): pass\ndef test_{m}2(server): pass\n" for m in "ab"},
+                        **{f"test_{m}": f"def test_{m}1(): pass\ndef test_{m}2(): pass\n" for m in "cdef"})
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-p", "tests.worker_groups", "-v")
+    result.assert_outcomes(passed=12)
+    assert len(made.read_text().split()) == 1, made.read_text()
+    workers = {}
+    for line in result.stdout.lines:
+        found = re.search(r"\[(gw\d)\].* PASSED (test_\w)\.py", line)
+        if found:
+            workers.setdefault(found.group(2), set()).add(found.group(1))
+    assert workers["test_a"] == workers["test_b"] and len(workers["test_a"]) == 1, workers
+    assert set().union(*workers.values()) == {"gw0", "gw1"}, workers   # the rest spread
