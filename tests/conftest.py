@@ -12,7 +12,10 @@ sys.path.insert(0, str(ROOT))
 
 from client.triton_process import TritonProcess  # noqa: E402
 
-pytest_plugins = []
+# no silent skips under CI=true (tests/requirement.py)
+pytest_plugins = ["tests.requirement", "pytester"]
+# the tiers (system, oracle, unit_fast) and, on several workers, which tests share one
+pytest_plugins += ["tests.tiers", "tests.worker_groups"]
 if (ROOT / "tests" / "qwen3_fixtures.py").exists():
     pytest_plugins.append("tests.qwen3_fixtures")
 if (ROOT / "tests" / "orpheus_fixtures.py").exists():

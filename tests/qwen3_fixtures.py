@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.requirement import require
+
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_ORACLE_PYTHON = REPO / ".venv-oracle" / "bin" / "python"
 QWEN3_ORACLE_SCRIPT = REPO / "tests" / "oracle" / "qwen3_tts_reference.py"
@@ -38,12 +40,8 @@ def require_qwen3_oracle() -> None:
     """Skip the calling test (or fixture) when the reference venv is missing; fail instead when
     the environment variable ``CI`` is ``true``: there a missing oracle is a broken set-up, and a
     skipped parity test would pass unnoticed."""
-    if QWEN3_ORACLE_PYTHON.exists():
-        return
-    message = f"reference venv missing: {QWEN3_ORACLE_PYTHON} (run `make oracle` or tests/oracle/install.sh)"
-    if os.environ.get("CI", "").strip().lower() in ("true", "1"):
-        pytest.fail(f"{message}; CI=true requires the oracle", pytrace=False)
-    pytest.skip(message)
+    require(QWEN3_ORACLE_PYTHON.exists(),
+            f"reference venv missing: {QWEN3_ORACLE_PYTHON} (run `make oracle` or tests/oracle/install.sh)")
 
 
 # Strings that stress the tokenizer: contractions, CamelCase, digits, slashes, newlines, CJK, emoji.

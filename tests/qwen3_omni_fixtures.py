@@ -21,13 +21,13 @@ oracle venv the reference fixture skips; under ``CI=true`` it fails.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.oracle_run import load_dump, run_oracle
+from tests.requirement import require
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_OMNI_ORACLE_PYTHON = REPO / ".venv-omni-oracle" / "bin" / "python"
@@ -67,13 +67,8 @@ def require_qwen3_omni_oracle() -> None:
     """Skip the calling test (or fixture) when the Omni reference venv is missing; fail instead
     when ``CI`` is ``true``: there a missing oracle is a broken set-up, and a skipped parity test
     would pass unnoticed."""
-    if QWEN3_OMNI_ORACLE_PYTHON.exists():
-        return
-    message = (f"reference venv missing: {QWEN3_OMNI_ORACLE_PYTHON} "
-               "(run `make omni-oracle` or tests/oracle/omni_install.sh)")
-    if os.environ.get("CI", "").strip().lower() in ("true", "1"):
-        pytest.fail(f"{message}; CI=true requires the oracle", pytrace=False)
-    pytest.skip(message)
+    require(QWEN3_OMNI_ORACLE_PYTHON.exists(), f"reference venv missing: {QWEN3_OMNI_ORACLE_PYTHON} "
+            "(run `make omni-oracle` or tests/oracle/omni_install.sh)")
 
 
 def qwen3_omni_waveform_samples(frames: int, total_upsample: int = 1920, upsample_rates=(8, 5, 4, 3),

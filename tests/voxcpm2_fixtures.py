@@ -15,13 +15,13 @@ fixture skips; under ``CI=true`` it fails.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.oracle_run import load_dump, run_oracle
+from tests.requirement import require
 
 REPO = Path(__file__).resolve().parents[1]
 VOXCPM2_ORACLE_PYTHON = REPO / ".venv-voxcpm-oracle" / "bin" / "python"
@@ -51,13 +51,8 @@ VOXCPM2_JOBS = [
 
 
 def require_voxcpm2_oracle() -> None:
-    if VOXCPM2_ORACLE_PYTHON.exists():
-        return
-    message = (f"reference venv missing: {VOXCPM2_ORACLE_PYTHON} "
-               "(run `make voxcpm-oracle` or tests/oracle/voxcpm_install.sh)")
-    if os.environ.get("CI", "").strip().lower() in ("true", "1"):
-        pytest.fail(f"{message}; CI=true requires the oracle", pytrace=False)
-    pytest.skip(message)
+    require(VOXCPM2_ORACLE_PYTHON.exists(), f"reference venv missing: {VOXCPM2_ORACLE_PYTHON} "
+            "(run `make voxcpm-oracle` or tests/oracle/voxcpm_install.sh)")
 
 
 def recording_samples(seconds: float = 1.2, rate: int = 16000) -> np.ndarray:

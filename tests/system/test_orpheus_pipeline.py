@@ -22,6 +22,7 @@ import pytest
 from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream, synthesize
 from tests.metrics_scrape import metric
+from tests.requirement import require
 from tests.system.test_reliability import model_ready, ready, wait_until
 
 pytestmark = pytest.mark.system
@@ -44,10 +45,8 @@ stages:
 
 
 def _vllm_or_skip() -> None:
-    if not (ROOT / ".venv-vllm" / "bin" / "python").exists():
-        if os.environ.get("CI", "").lower() in ("true", "1"):
-            pytest.fail("vLLM venv missing (make vllm); CI=true requires it", pytrace=False)
-        pytest.skip("vLLM venv missing (make vllm)")
+    venv = ROOT / ".venv-vllm" / "bin" / "python"
+    require(venv.exists(), f"vLLM venv missing: {venv} (run `make vllm`)")
 
 
 @pytest.fixture(scope="module")

@@ -86,8 +86,7 @@ def test_page_uploads_a_voice_and_clones_it(shim, browser):
     browser.navigate(f"{shim.url}/")
     wait_page(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
     models = browser.evaluate("[...document.getElementById('model').options].map(o => o.value)")
-    if "qwen3_tts_tiny_random_base" not in models:
-        pytest.skip("qwen3_tts_tiny_random_base is not in the model repository")
+    assert "qwen3_tts_tiny_random_base" in models, "not in the committed model repository: rebuild it (make repository)"
     browser.evaluate("(() => { const m = document.getElementById('model'); m.value = 'qwen3_tts_tiny_random_base';"
                      " m.dispatchEvent(new Event('change')); })()")
     browser.evaluate(f"""(() => {{

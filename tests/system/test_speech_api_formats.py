@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from client.triton_stream import synthesize
+from tests.requirement import require
 from tests.system.speech_api_helpers import MEDIUM_TEXT, TEXT, decode, rms, sse_events
 
 # The shared fixtures (one shim process for the whole session) live in a plugin module.
@@ -96,8 +97,7 @@ def test_streaming_response_delivers_bytes_before_synthesis_ends(openai_client, 
 @pytest.mark.parametrize("fmt", list(CONTENT_TYPES))
 def test_curl_gets_every_format(shim, reference, fmt, tmp_path):
     curl = shutil.which("curl")
-    if curl is None:
-        pytest.skip("curl is not installed")
+    require(curl is not None, "curl is not installed (apt-get install curl; `make debs` installs it)")
     body = f'{{"model":"tts-1","input":"{TEXT}","voice":"alloy","response_format":"{fmt}"}}'
     target = tmp_path / f"speech.{fmt}"
     out = subprocess.run([curl, "-sS", "-N", "--fail-with-body", "-D", "-", "-o", str(target),

@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from omni_backend.supervisor import stubs
+from tests.requirement import require
 
 
 @pytest.fixture
@@ -18,8 +19,8 @@ def fake_stub(tmp_path):
     exe = tmp_path / stubs.STUB_NAME
     source = tmp_path / "stub.c"
     source.write_text("#include <unistd.h>\nint main(void) { pause(); return 0; }\n")
-    if shutil.which("cc") is None or subprocess.run(["cc", str(source), "-o", str(exe)]).returncode:
-        pytest.skip("no C compiler to build a fake stub")
+    require(shutil.which("cc") is not None, "no C compiler (cc) to build a fake stub (apt-get install gcc)")
+    assert subprocess.run(["cc", str(source), "-o", str(exe)]).returncode == 0, "cc failed on a 3-line program"
     region = f"{stubs.SHM_PREFIX}{uuid.uuid4()}"
     model_file = tmp_path / "repo" / "talker" / "1" / "model.py"
     # the 2.51 stub's arguments: model file, region, default and growth sizes, parent pid,

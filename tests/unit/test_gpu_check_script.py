@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+# the dry runs start tritonservers and benchmark them for minutes: not the edit-test loop
+pytestmark = pytest.mark.system
 
 
 def test_gpu_check_dry_run():

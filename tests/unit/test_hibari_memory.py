@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# memory soaks of a minute and more: not the edit-test loop (tests/tiers.py)
+pytestmark = pytest.mark.slow
 
 SCRIPT = r"""
 import json, random

@@ -87,11 +87,10 @@ def test_torch_engine_batch_equals_solo(orpheus_jobs, orpheus_reference):
 def vllm_available():
     from pathlib import Path
 
+    from tests.requirement import require
+
     venv = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-    if not venv.exists() and not os.environ.get("OMNI_VLLM_PYTHON"):
-        if os.environ.get("CI", "").lower() in ("true", "1"):
-            pytest.fail("vLLM venv missing (make vllm); CI=true requires it", pytrace=False)
-        pytest.skip("vLLM venv missing (make vllm)")
+    require(venv.exists() or bool(os.environ.get("OMNI_VLLM_PYTHON")), f"vLLM venv missing: {venv} (run `make vllm`)")
 
 
 def test_vllm_engine_tokens_equal_reference(vllm_available, orpheus_jobs, orpheus_reference):

@@ -25,6 +25,8 @@ from omni_backend.models.qwen3_omni.thinker_runner import create_thinker_engine
 from tests.oracle.qwen3_omni_reference import job_messages
 from tests.qwen3_omni_fixtures import QWEN3_OMNI_JOBS, QWEN3_OMNI_SHAPES
 
+# batched runs of every shape against solo ones: not the edit-test loop (tests/tiers.py)
+pytestmark = pytest.mark.slow
 SHAPES = tuple(QWEN3_OMNI_SHAPES)
 LOGITS_TOLERANCE = 5e-4   # absolute, float32; observed at most 1.3e-4 (tiny3 thinker) on these prompts
 JOBS = [job for job in QWEN3_OMNI_JOBS if job.get("return_audio", True)]

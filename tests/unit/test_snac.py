@@ -9,7 +9,6 @@ writer's tensor names and shapes are the package's.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 
 from omni_backend.models.orpheus.snac import SNACConfig, load_snac, window_noise_seed
 from omni_backend.testing.snac_random import SNAC_SIZES, main as snac_random_main, write_random_snac
+from tests.requirement import require
 
 REPO = Path(__file__).resolve().parents[2]
 ORACLE_PYTHON = REPO / ".venv-oracle" / "bin" / "python"
@@ -45,12 +45,8 @@ CHECKPOINTS = {
 def require_snac_oracle() -> None:
     """Skip without the oracle venv (or with one installed before snac was added); fail
     instead under ``CI=true``, where a skipped parity test would pass unnoticed."""
-    if ORACLE_PYTHON.exists() and ORACLE_STAMP.exists():
-        return
-    message = f"SNAC reference venv missing or stale: {ORACLE_STAMP} (run `make oracle` or tests/oracle/install.sh)"
-    if os.environ.get("CI", "").strip().lower() in ("true", "1"):
-        pytest.fail(f"{message}; CI=true requires the oracle", pytrace=False)
-    pytest.skip(message)
+    require(ORACLE_PYTHON.exists() and ORACLE_STAMP.exists(),
+            f"SNAC reference venv missing or stale: {ORACLE_STAMP} (run `make oracle` or tests/oracle/install.sh)")
 
 
 def _codes(rng: np.random.Generator, batch: int, frames: int) -> list[np.ndarray]:

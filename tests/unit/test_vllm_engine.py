@@ -25,8 +25,11 @@ from omni_backend.engine.ar_engine import DuplicateRequestError
 from omni_backend.engine.vllm_engine import VLLMEngine, VLLMWorkerError
 from omni_backend.errors import InvalidRequest, Unavailable
 from omni_backend.testing.llama_random import write_random_llama
+from tests.requirement import require
 
 REPO = Path(__file__).resolve().parents[2]
+# a vLLM worker in .venv-vllm against .venv-oracle: not the edit-test loop (tests/tiers.py)
+pytestmark = pytest.mark.oracle
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 ORACLE_PYTHON = REPO / ".venv-oracle" / "bin" / "python"
 ORACLE_SCRIPT = REPO / "tests" / "oracle" / "llama_reference.py"
@@ -48,15 +51,6 @@ NEW_TOKENS = 32
 GREEDY = SamplingParams.greedy(max_new_tokens=NEW_TOKENS, min_new_tokens=0, repetition_penalty=1.0)
 
 
-def _require(path: Path, message: str) -> None:
-    """Skip when a venv is missing; fail under CI=true (there a skip would hide a broken set-up)."""
-    if path.exists():
-        return
-    if os.environ.get("CI", "").strip().lower() in ("true", "1"):
-        pytest.fail(f"{message}; CI=true requires it", pytrace=False)
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="session")
 def llamas(tmp_path_factory) -> dict[str, dict]:
     """Per shape: the checkpoint, the engine's eos ids and transformers' greedy outputs.
@@ -64,8 +58,8 @@ def llamas(tmp_path_factory) -> dict[str, dict]:
     The eos: a token the model emits greedily for EOS_PROMPT at position k >= 3 (not before),
     found from the oracle's run; with it as eos the reference output is the run cut at its
     first eos (greedy: eos only stops). vocab_size - 1 is a second eos id."""
-    _require(VLLM_PYTHON, f"vLLM venv missing: {VLLM_PYTHON} (run `make vllm`)")
-    _require(ORACLE_PYTHON, f"reference venv missing: {ORACLE_PYTHON} (run `make oracle`)")
+    require(VLLM_PYTHON.exists(), f"vLLM venv missing: {VLLM_PYTHON} (run `make vllm`)")
+    require(ORACLE_PYTHON.exists(), f"reference venv missing: {ORACLE_PYTHON} (run `make oracle`)")
     root = tmp_path_factory.mktemp("llamas")
     out: dict[str, dict] = {}
     jobs = []
@@ -299,10 +293,10 @@ def test_worker_killed_mid_stream_ends_streams_and_restarts(served):
     engine.on_worker_exit = None
 
 
+# the hang path does not depend on the shape: one shape's engine only
+@pytest.mark.parametrize("served", ["hd32_gqa"], indirect=True)
 def test_hung_worker_is_killed_and_restarted(served):
     engine, info = served
-    if engine.eos_token_ids != info["eos_ids"] or info["vocab_size"] != SHAPES["hd32_gqa"]["vocab_size"]:
-        pytest.skip("the hang path does not depend on the shape: checked on hd32_gqa only")
     worker = engine._worker
     engine.hang_timeout_s = 2.0
 
@@ -332,7 +326,7 @@ def test_start_failures_are_clear(tmp_path, monkeypatch):
     with pytest.raises(VLLMWorkerError, match="make vllm"):
         VLLMEngine(tmp_path, OPTIONS, eos_token_ids=[1])
     monkeypatch.delenv("OMNI_VLLM_PYTHON")
-    _require(VLLM_PYTHON, f"vLLM venv missing: {VLLM_PYTHON} (run `make vllm`)")
+    require(VLLM_PYTHON.exists(), f"vLLM venv missing: {VLLM_PYTHON} (run `make vllm`)")
     engine = VLLMEngine(tmp_path, OPTIONS, eos_token_ids=[1])   # no checkpoint there
     with pytest.raises(VLLMWorkerError, match="config.json"):
         engine.start()

@@ -41,6 +41,7 @@ def _requests(model, tokenize):
     return out
 
 
+@pytest.mark.slow   # a served batch against solo runs, every mode: not the edit-test loop
 @pytest.mark.parametrize("batch_invariant,static_step", [(True, False), (False, False), (True, True),
                                                          (False, True)])
 def test_served_together_equals_alone(tiny2, batch_invariant, static_step):
