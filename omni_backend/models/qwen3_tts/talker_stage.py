@@ -164,16 +164,21 @@ class Qwen3TalkerStage(StageModel):
                                     non_streaming_mode=request.get("non_streaming_mode"), voice_clone=clone,
                                     streamed_ids=None if feed is None else tuple(feed.streamed.ids))
         context = clone.ref_codes.numpy() if clone is not None and not clone.x_vector_only else None
-        stream = self.engine.add_request(rid, prompt, self.sampling_params(request), input_open=feed is not None)
+        cutter = None if self.windows is None else self.windows.cutter(request, context)
+        stream = self.engine.add_request(rid, prompt, self.sampling_params(request), input_open=feed is not None,
+                                         after_event=cutter)
         if feed is not None:
             feed.attach(self.engine, rid, len(feed.streamed.ids))
         ctx.resources.append(stream)
         frames = self._frames(ctx, stream)
-        if self.windows is not None:
-            async for audio in self.windows.audio(request, context, frames, self.run_blocking):
-                yield [pb_utils.Tensor("AUDIO", audio)]
+        if cutter is not None:   # the engine thread decoded the windows each frame completed
+            async for _ in frames:
+                for audio in cutter.take():
+                    yield [pb_utils.Tensor("AUDIO", audio)]
             return
         async for codes in frames:
+            if not codes.size:
+                continue
             tensors = [pb_utils.Tensor("CODES", np.asarray([codes], dtype=np.int64))]
             if context is not None:
                 tensors.append(pb_utils.Tensor("CONTEXT_CODES", np.ascontiguousarray(context, dtype=np.int64)))
@@ -181,7 +186,7 @@ class Qwen3TalkerStage(StageModel):
             yield tensors
 
     async def _frames(self, ctx: StreamContext, stream) -> AsyncIterator[np.ndarray]:
-        """The request's codec frames ([16] each) as the engine makes them."""
+        """The request's codec frames ([16] each) as the engine makes them (and, empty, its end)."""
         async for event in self.engine_events(ctx, stream):
             if event.finish_reason == "input_timeout":
                 raise InvalidRequest("text", f"the talker read all the text that arrived and waited "
@@ -189,6 +194,8 @@ class Qwen3TalkerStage(StageModel):
                                              "input did not end (text_wait_s)")
             if event.codes is not None:
                 yield np.asarray(event.codes, dtype=np.int64)
+            elif event.finished:
+                yield np.zeros(0, dtype=np.int64)
 
     async def on_append(self, ctx: StreamContext, text: str, end: bool) -> None:
         feed = self.text_feeds.get(ctx.stage_request_id)
