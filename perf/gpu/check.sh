@@ -33,6 +33,11 @@ fi
 if [[ "${OMNI_CHECK:-1}" != 0 ]]; then
   timeout "${OMNI_TIMEOUT:-180}" "$PY" perf/gpu/omni_check.py "${orpheus_args[@]}" || echo "omni check: exit $?"
 fi
+# The frame step's profile (torch.profiler over the 1.7B-shaped step at c = 1: kernels per frame, time per
+# kernel; perf/gpu/frame_profile.py), bounded like the others; it takes the same report arguments.
+if [[ "${FRAME_PROFILE:-1}" != 0 ]]; then
+  timeout "${FRAME_PROFILE_TIMEOUT:-120}" "$PY" perf/gpu/frame_profile.py "${orpheus_args[@]}" || echo "frame profile: exit $?"
+fi
 # sized for < 8 minutes on an H200; the guard (SIGTERM at 540 s in all, under a 600 s command
 # limit) still lets check.py write the report of what it measured
 exec timeout "$(( ${CHECK_TIMEOUT:-540} - (SECONDS - start) ))" "$PY" perf/gpu/check.py "$@"
