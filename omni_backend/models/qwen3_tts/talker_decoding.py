@@ -7,10 +7,11 @@ the first chunk two process hops more (entry -> code2wav -> entry, and Triton's 
 which on a small model is as much as the compute. In the talker the windows are cut by the same
 schedule and decoded by the same decoder (Float32, the code2wav stage's device and
 batch_invariant setting), one stream's windows at a time, in the engine's thread right after the
-step that completed a window (AsyncEngine's `after_event`): a decode in another thread of the
-process would contend with the steps for the GIL (measured: first audio 81 ms instead of 58 on
-the tiny random checkpoint). The talker then streams AUDIO and the entry's transfer hands it on.
-The samples are the same either way: only the process that computes them changes.
+step that completed a window (AsyncEngine's `after_event`), in turn with the steps rather than
+in a worker thread contending with them for the GIL (that first version gave first audio 81 ms
+against 58 own_stage on the tiny random checkpoint). The talker then streams AUDIO and the
+entry's transfer hands it on. The samples are the same either way: only the process that
+computes them changes. On CPU it has not been faster than own_stage (perf/RESULTS.md).
 """
 from __future__ import annotations
 
