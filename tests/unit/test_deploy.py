@@ -155,7 +155,7 @@ def test_family_options_take_their_defaults():
         {"stage_id": 0, "options": {"subtalker_top_k": 7}}]}), get_pipeline("qwen3_tts"))
     assert cfg.stage(0).options == {"subtalker_do_sample": None, "subtalker_temperature": None,
                                     "subtalker_top_k": 7, "subtalker_top_p": None, "text_wait_s": 30.0,
-                                    "code2wav": "own_stage"}
+                                    "code2wav": "own_stage", "compile": "none"}
 
 
 @pytest.mark.parametrize("stages, key", [

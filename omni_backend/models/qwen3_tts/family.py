@@ -27,7 +27,13 @@ TEXT_WAIT_OPTION = Param("text_wait_s", float, default=30.0, lo=0.1, hi=3600.0,
 CODE2WAV_PLACEMENT_OPTION = Param("code2wav", str, default="own_stage", choices=("own_stage", "in_talker"),
                                   help="where code2wav decodes: own_stage (batched across streams) or "
                                        "in_talker (the talker's process decodes its own windows)")
-TALKER_OPTIONS = CODE_PREDICTOR_OPTIONS + (TEXT_WAIT_OPTION, CODE2WAV_PLACEMENT_OPTION)
+# torch.compile modes (inductor's) of the static frame step (compiled_step.py); on CUDA the engine's graphs
+# capture the compiled step. Not inductor's reduce-overhead: the engine's own graphs do that.
+COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
+COMPILE_OPTION = Param("compile", str, default="none", choices=COMPILE_MODES,
+                       help="torch.compile of the frame step: none, default or max-autotune-no-cudagraphs "
+                            "(inductor modes; runs the static step, captured in the engine's CUDA graphs)")
+TALKER_OPTIONS = CODE_PREDICTOR_OPTIONS + (TEXT_WAIT_OPTION, CODE2WAV_PLACEMENT_OPTION, COMPILE_OPTION)
 
 
 def _qwen3_tts(name: str, description: str, default_model: str | None) -> PipelineConfig:

@@ -35,7 +35,7 @@ from omni_backend.engine import AsyncEngine, SamplingParams
 from omni_backend.errors import InvalidRequest, PipelineError
 from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
 from omni_backend.models.qwen3_tts.runner import create_engine
-from omni_backend.models.qwen3_tts.family import CODE2WAV_PLACEMENT_OPTION, TEXT_WAIT_OPTION
+from omni_backend.models.qwen3_tts.family import CODE2WAV_PLACEMENT_OPTION, COMPILE_OPTION, TEXT_WAIT_OPTION
 from omni_backend.models.qwen3_tts.sampling_params import FIELDS as CODE_PREDICTOR_FIELDS
 from omni_backend.models.qwen3_tts.sampling_params import code_predictor_params, sampling_params_from_request
 from omni_backend.models.qwen3_tts.streamed_text import StreamedText
@@ -85,7 +85,8 @@ class Qwen3TalkerStage(StageModel):
                                max_model_len=sd.max_model_len, num_threads=sd.threads, dtype=sd.dtype,
                                device=sd.device, cuda_graph_sizes=sd.cuda_graph_sizes,
                                enforce_eager=sd.enforce_eager, batch_invariant=sd.batch_invariant,
-                               max_prefills_per_step=sd.max_prefills_per_step, max_input_wait_s=self.text_wait_s)
+                               max_prefills_per_step=sd.max_prefills_per_step, max_input_wait_s=self.text_wait_s,
+                               compile_mode=sd.options.get(COMPILE_OPTION.name) or COMPILE_OPTION.default)
         self.builder = engine.runner.checkpoint.prompt_builder()
         # Deploy-level sampling defaults (every key of default_sampling_params, and the code
         # predictor's subtalker_* from options) override the checkpoint's generation_config.json.
