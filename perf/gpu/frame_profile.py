@@ -11,6 +11,12 @@ logic is checked anywhere; the figures that matter come from a GPU.
     python perf/gpu/frame_profile.py                 # GPU, 1.7B shape, CUDA graphs
     python perf/gpu/frame_profile.py --eager         # the same without graphs (kernel launch cost)
     python perf/gpu/frame_profile.py --dry-run --no-results
+    python perf/gpu/frame_profile.py --compile default   # + the torch.compile'd step's time beside it
+
+`--compile MODE` (the talker stage's deploy option `compile`) then builds a second engine whose
+static step is compiled with that inductor mode (compiled inside the CUDA graphs at capture: every
+variant compiles at load, minutes for the 1.7B shape) and adds one line: compiled vs uncompiled
+step p50 over the same frames, and the compile + capture time.
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from omni_backend.engine import SamplingParams  # noqa: E402
+from omni_backend.models.qwen3_tts.compiled_step import compile_static_step  # noqa: E402
+from omni_backend.models.qwen3_tts.family import COMPILE_MODES  # noqa: E402
 from omni_backend.models.qwen3_tts.runner import create_engine  # noqa: E402
 from omni_backend.testing.qwen3_tts_random import write_random_checkpoint  # noqa: E402
 
@@ -65,6 +73,49 @@ def profile_steps(engine, device: str, frames: int, warmup: int) -> tuple[list[f
     while engine.has_unfinished():
         engine.step()
     return times, prof
+
+
+def time_steps(engine, device: str, frames: int, warmup: int) -> list[float]:
+    """Step times (s) of `frames` steps of one running request, without the profiler."""
+    builder = engine.runner.checkpoint.prompt_builder()
+    speaker = (list(builder.speakers) or [None])[0]
+    total = warmup + frames + 2
+    engine.add_request("timed", builder.build(TEXT, speaker=speaker),
+                       SamplingParams.greedy(max_new_tokens=total, min_new_tokens=total))
+    engine.step()   # the prefill
+    for _ in range(warmup):
+        engine.step()
+    times = []
+    for _ in range(frames):
+        sync(device)
+        t = time.perf_counter()
+        engine.step()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    engine.cancel("timed")
+    while engine.has_unfinished():
+        engine.step()
+    return times
+
+
+def compiled_line(model: Path, mode: str, device: str, dtype: str, eager: bool, frames: int, warmup: int,
+                  uncompiled_ms: list[float], backend: str = "inductor") -> str:
+    """The compiled step's p50 beside the uncompiled one's, on the same shape and settings.
+    ``backend`` other than inductor (CPU dry run only: inductor's C++ build of a variant takes
+    minutes there) recompiles the step after the engine is made; graphs are never captured on CPU."""
+    started = time.perf_counter()
+    engine = create_engine(str(model), max_num_seqs=1, max_model_len=512, dtype=dtype, device=device,
+                           cuda_graph_sizes=[1], enforce_eager=eager, num_threads=1,
+                           compile_mode=mode if backend == "inductor" else "none", static_step=True)
+    if backend != "inductor":
+        runner = engine.runner
+        variants = len(runner.graphs.sizes) * len(runner.graphs.variants)
+        runner.graphs.step = compile_static_step(runner.static, mode, variants, backend=backend)
+    times = [t * 1000 for t in time_steps(engine, device, frames, warmup)]
+    built = time.perf_counter() - started - sum(times) / 1000
+    return (f"Compiled step (`compile: {mode}`): p50 {statistics.median(times):.2f} ms (min {min(times):.2f}) vs "
+            f"{statistics.median(uncompiled_ms):.2f} ms uncompiled, {frames} steps each; compile + capture + "
+            f"warm-up {built:.1f} s.\n")
 
 
 def kernel_rows(prof, device: str, frames: int) -> tuple[list[dict], float, float]:
@@ -107,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=None, help="profiled steps (default 30; dry run 3)")
     ap.add_argument("--warmup", type=int, default=None, help="steps before profiling (default 10; dry run 2)")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--compile", default=None, choices=COMPILE_MODES[1:],
+                    help="also time the step compiled with this inductor mode (default, max-autotune-no-cudagraphs)")
+    ap.add_argument("--compile-backend", default="inductor", choices=("inductor", "aot_eager"),
+                    help="aot_eager: dry run only (checks the script's logic without inductor's C++ build)")
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--work", help="folder for the checkpoint (default: a temporary folder)")
     ap.add_argument("--results", default=str(ROOT / "perf" / "RESULTS.md"))
@@ -117,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device visible to torch; use --dry-run for the CPU logic check", file=sys.stderr)
         return 2
+    if args.compile_backend != "inductor" and not dry:
+        ap.error("--compile-backend is for --dry-run only")
     size = args.size or ("tiny" if dry else "1.7b")
     frames = args.frames or (3 if dry else 30)
     warmup = args.warmup if args.warmup is not None else (2 if dry else 10)
@@ -125,8 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     model = work / size
     if not (model / "config.json").exists():
         write_random_checkpoint(str(model), size, "custom_voice", seed=0)
+    # static_step: the step the engine runs on a GPU (on CPU too, so that --compile compares like with like)
     engine = create_engine(str(model), max_num_seqs=1, max_model_len=512, dtype=dtype, device=device,
-                           cuda_graph_sizes=[1], enforce_eager=args.eager, num_threads=1)
+                           cuda_graph_sizes=[1], enforce_eager=args.eager, num_threads=1,
+                           static_step=True if args.compile else None)
     times, prof = profile_steps(engine, device, frames, warmup)
     rows, kernels, busy = kernel_rows(prof, device, frames)
     gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else platform.machine()
@@ -136,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
             f"perf/gpu/frame_profile.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
             + (" (dry run: CPU operators, not GPU kernels)" if dry else ""))
     text = markdown(rows, kernels, busy, [t * 1000 for t in times], head, args.top)
+    if args.compile:   # both timed without the profiler's overhead
+        uncompiled = [t * 1000 for t in time_steps(engine, device, frames, warmup)]
+        del engine, prof
+        text += "\n" + compiled_line(model, args.compile, device, dtype, args.eager, frames, warmup, uncompiled,
+                                     args.compile_backend)
     print(text)
     if not args.no_results:
         with open(args.results, "a", encoding="utf-8") as handle:

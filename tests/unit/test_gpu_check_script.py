@@ -101,3 +101,22 @@ def test_frame_profile_dry_run(tmp_path):
     step = float(report.split("Step p50 ")[1].split(" ms")[0])
     kernels = float(report.split("); ")[1].split(" kernels per frame")[0])
     assert step > 0 and kernels > 100   # a frame is a talker step and 15 code-predictor steps
+
+
+def test_frame_profile_compiled_line_dry_run(tmp_path):
+    """`--compile default` adds the compiled step's time beside the uncompiled one's (CPU dry run
+    with dynamo's aot_eager backend: inductor's C++ build of a variant takes minutes here)."""
+    results = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, "perf/gpu/frame_profile.py", "--dry-run", "--frames", "2",
+                           "--compile", "default", "--compile-backend", "aot_eager",
+                           "--work", str(tmp_path), "--results", str(results)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    line = results.read_text().split("Compiled step (`compile: default`): p50 ")[1]
+    compiled, uncompiled = float(line.split(" ms")[0]), float(line.split(" vs ")[1].split(" ms")[0])
+    assert compiled > 0 and uncompiled > 0 and "compile + capture + warm-up" in line
+    bad = subprocess.run([sys.executable, "perf/gpu/frame_profile.py", "--dry-run", "--compile", "reduce-overhead"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert bad.returncode == 2 and "--compile" in bad.stderr

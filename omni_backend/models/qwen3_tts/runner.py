@@ -279,7 +279,8 @@ class Qwen3TTSRunner(ModelRunner):
         if compile_mode != "none":   # the graphs capture the compiled step (compiled_step.py)
             from .compiled_step import compile_static_step
 
-            step = compile_static_step(self.static, compile_mode, len(variants) * len(bucket_sizes(sizes, self.max_num_seqs)))
+            buckets = len(bucket_sizes(sizes, self.max_num_seqs))
+            step = compile_static_step(self.static, compile_mode, len(variants) * buckets)
         self.graphs = GraphBuckets(step, sizes, self.max_num_seqs, variants=variants,
                                    enabled=enabled, device=self.checkpoint.device)
         with torch.inference_mode():
