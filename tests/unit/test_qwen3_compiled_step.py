@@ -129,3 +129,21 @@ def test_compile_needs_the_static_step(qwen3_tiny_cv, qwen3_loaded):
     assert create_engine(checkpoint, max_num_seqs=1, max_model_len=64).runner.static is None
     compiled = create_engine(checkpoint, max_num_seqs=1, max_model_len=64, compile_mode="default").runner
     assert compiled.static is not None and hasattr(compiled.graphs.step, "_torchdynamo_orig_callable")
+
+
+def test_compile_switches_an_ascii_locale_to_utf8():
+    """Triton's Python stub runs under the C locale without Python's UTF-8 mode: open()'s default
+    encoding is ASCII there, and inductor's first compile failed reading its templates."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import locale; print(locale.getpreferredencoding(False)); "
+            "from omni_backend.models.qwen3_tts.compiled_step import ensure_utf8_locale; ensure_utf8_locale(); "
+            "print(locale.getpreferredencoding(False)); import torch._inductor.kernel.mm_grouped")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LC_") and k != "LANG"}
+    done = subprocess.run([sys.executable, "-c", code], env={**env, "LC_ALL": "C", "PYTHONUTF8": "0"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = done.stdout.split()
+    assert before.lower() in ("ansi_x3.4-1968", "ascii") and after.lower().replace("-", "") == "utf8"

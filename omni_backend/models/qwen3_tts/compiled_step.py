@@ -28,7 +28,9 @@ import torch
 from .family import COMPILE_MODES
 from .static_step import GraphSafeStaticStep
 
-__all__ = ["COMPILE_MODES", "compile_static_step"]
+__all__ = ["COMPILE_MODES", "compile_static_step", "ensure_utf8_locale"]
+
+_UTF8_LOCALES = ("C.UTF-8", "C.utf8", "en_US.UTF-8")
 
 StepFunction = Callable[[int, bool, Optional[int]], None]
 
@@ -41,6 +43,7 @@ def compile_static_step(step: GraphSafeStaticStep, mode: str, variants: int,
     trace without inductor's codegen)."""
     if mode not in COMPILE_MODES or mode == "none":
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES[1:])}, got {mode!r}")
+    ensure_utf8_locale()
     import torch._dynamo.config as dynamo_config
 
     # a process-wide limit: raise it, never lower what another compiled model needs
@@ -50,3 +53,22 @@ def compile_static_step(step: GraphSafeStaticStep, mode: str, variants: int,
     if backend != "inductor":
         options = {}
     return torch.compile(step.run, backend=backend, fullgraph=True, dynamic=False, **options)
+
+
+def ensure_utf8_locale() -> None:
+    """Make ``open()``'s default encoding UTF-8 in this process. inductor reads its kernel
+    templates with it; Triton's Python stub runs embedded, without Python's C-locale coercion or
+    UTF-8 mode, so under a C / POSIX locale that encoding is ASCII and the first compile fails with
+    a UnicodeDecodeError. Switches LC_CTYPE (the process's character set only) when needed."""
+    import locale
+
+    if locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
+        return
+    for name in _UTF8_LOCALES:
+        try:
+            locale.setlocale(locale.LC_CTYPE, name)
+            return
+        except locale.Error:
+            continue
+    raise RuntimeError(f"torch.compile needs a UTF-8 locale and none of {', '.join(_UTF8_LOCALES)} exists "
+                       "(set LANG to a UTF-8 locale for the server)")

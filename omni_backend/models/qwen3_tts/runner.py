@@ -281,6 +281,8 @@ class Qwen3TTSRunner(ModelRunner):
 
             buckets = len(bucket_sizes(sizes, self.max_num_seqs))
             step = compile_static_step(self.static, compile_mode, len(variants) * buckets)
+            logger.info("frame step: torch.compile mode %s (%d buckets x %d variants)", compile_mode, buckets,
+                        len(variants))
         self.graphs = GraphBuckets(step, sizes, self.max_num_seqs, variants=variants,
                                    enabled=enabled, device=self.checkpoint.device)
         with torch.inference_mode():
