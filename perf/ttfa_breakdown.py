@@ -13,6 +13,11 @@ loop), `code2wav served - in-process` the codec hop (gRPC, Triton's dynamic batc
 queue delay, the batch worker), and `pipeline - talker served - code2wav served` what the entry
 adds (its stub, its BLS calls to each stage, pulling the talker's stream, the response to the
 client). Run by perf/bench.py (`--breakdown`) while its server is up.
+
+With the talker's option `code2wav: in_talker` the talker decodes its first window itself: its
+stream is timed to that window's audio, so `talker hop` is its served time less the in-process
+engine and decode, no code2wav call is on the path (code2wav served 0), and the entry is
+`pipeline - talker served`.
 """
 from __future__ import annotations
 
@@ -28,8 +33,10 @@ import numpy as np
 __all__ = ["ttfa_breakdown", "breakdown_table"]
 
 
-def _talker_first_chunk_s(url: str, model: str, request: dict[str, Any], frames: int) -> tuple[float, np.ndarray]:
-    """Seconds from sending the talker stage's request to its first `frames` frames; the frames."""
+def _talker_first_chunk_s(url: str, model: str, request: dict[str, Any], frames: int,
+                          hop_length: int = 1920) -> tuple[float, np.ndarray]:
+    """Seconds from sending the talker stage's request to its first `frames` frames (or, from a
+    talker that decodes, their audio); the frames (none from a talker that decodes)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -46,10 +53,10 @@ def _talker_first_chunk_s(url: str, model: str, request: dict[str, Any], frames:
             result, error = results.get(timeout=120)
             if error is not None:
                 raise RuntimeError(f"{model}: {error}")
-            codes = result.as_numpy("CODES")
+            codes, audio = result.as_numpy("CODES"), result.as_numpy("AUDIO")
             if codes is not None:
                 got.extend(codes.reshape(-1, codes.shape[-1]))
-            if len(got) >= frames:
+            if len(got) >= frames or (audio is not None and audio.size >= frames * hop_length):
                 elapsed = time.perf_counter() - t0
                 break
             if result.get_response().parameters["triton_final_response"].bool_param:
@@ -138,7 +145,9 @@ def ttfa_breakdown(url: str, pipeline: str, model_dir: str, deploy_path: str, te
     from omni_backend.deploy import load_deploy
     from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
 
-    frames = load_deploy(deploy_path).async_chunk.initial_chunk_frames
+    deploy = load_deploy(deploy_path)
+    frames = deploy.async_chunk.initial_chunk_frames
+    in_talker = deploy.stage(0).options.get("code2wav") == "in_talker"
     request = Qwen3TTSAdapter.from_model(model_dir).validate(text, dict(params))
     local = _InProcess(model_dir, deploy_path, request)
     talker, codec, served, engine_s, decode_s = [], [], [], [], []
@@ -146,7 +155,7 @@ def ttfa_breakdown(url: str, pipeline: str, model_dir: str, deploy_path: str, te
     # (2 shared cores) weighs on all of them alike; the first round warms up
     for k in range(rounds + 1):
         t, window = _talker_first_chunk_s(url, f"{pipeline}__talker", request, frames)
-        c = _codec_call_s(url, f"{pipeline}__code2wav", window)
+        c = 0.0 if in_talker else _codec_call_s(url, f"{pipeline}__code2wav", window)
         s = synthesize(url, pipeline, text, params).ttfa_s
         e, d = local.first_audio_s(frames)
         if k:
@@ -162,8 +171,8 @@ def ttfa_breakdown(url: str, pipeline: str, model_dir: str, deploy_path: str, te
     out = {"in-process engine": ms(engine_s), "in-process decode": ms(decode_s),
            "talker served": ms(talker), "code2wav served": ms(codec), "pipeline served": ms(served)}
     out["in-process"] = out["in-process engine"] + out["in-process decode"]
-    out["talker hop"] = out["talker served"] - out["in-process engine"]
-    out["code2wav hop"] = out["code2wav served"] - out["in-process decode"]
+    out["talker hop"] = out["talker served"] - out["in-process engine"] - (out["in-process decode"] if in_talker else 0)
+    out["code2wav hop"] = 0.0 if in_talker else out["code2wav served"] - out["in-process decode"]
     out["entry"] = out["pipeline served"] - out["talker served"] - out["code2wav served"]
     out["served - in-process"] = out["pipeline served"] - out["in-process"]
     return out

@@ -12,6 +12,11 @@ step that made them returns.
     engine.cancel("req-1")                                 # or: await stream.aclose()
     engine.close()
 
+A request added with ``after_event=fn`` has ``fn(event)`` called in the engine thread on each of its
+events before the event is delivered: side work on a request's frames (a codec decoding its own
+windows) runs there between steps, in turn with them, instead of in another thread of the process
+that would contend with the steps for the GIL. An exception in it ends the request with that error.
+
 A request added with ``input_open=True`` takes more input with ``append_input`` (thread-safe).
 While every running request waits for input the thread sleeps until input, a new request or a
 cancellation wakes it (or ``IDLE_POLL_S`` passes: the engine's input-wait bound is checked then).
@@ -21,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .ar_engine import AREngine
 from .sequence import FrameEvent, SamplingParams
@@ -98,6 +103,7 @@ class AsyncEngine:
     def __init__(self, engine: AREngine, start: bool = True) -> None:
         self.engine = engine
         self._streams: dict[str, FrameStream] = {}
+        self._after_event: dict[str, Callable[[FrameEvent], None]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -111,8 +117,10 @@ class AsyncEngine:
             self._thread.start()
 
     def add_request(self, request_id: str, prompt: Any, params: Optional[SamplingParams] = None,
-                    input_open: bool = False) -> FrameStream:
-        """Queue a request (call from a running event loop). Bad parameters raise here."""
+                    input_open: bool = False,
+                    after_event: Optional[Callable[[FrameEvent], None]] = None) -> FrameStream:
+        """Queue a request (call from a running event loop). Bad parameters raise here.
+        ``after_event``: called in the engine thread on each of its events before delivery."""
         if self._closed:
             raise EngineClosedError("the engine is closed")
         loop = asyncio.get_running_loop()
@@ -120,6 +128,8 @@ class AsyncEngine:
         with self._lock:
             self.engine.add_request(request_id, prompt, params, input_open=input_open)
             self._streams[request_id] = stream
+            if after_event is not None:
+                self._after_event[request_id] = after_event
         self._wake.set()
         return stream
 
@@ -148,6 +158,7 @@ class AsyncEngine:
             self._thread.join(timeout)
         with self._lock:
             streams, self._streams = list(self._streams.values()), {}
+            self._after_event.clear()
         for stream in streams:
             self._deliver(stream, EngineClosedError("the engine was closed"))
 
@@ -176,6 +187,7 @@ class AsyncEngine:
                 logger.exception("engine step failed")
                 with self._lock:
                     streams, self._streams = list(self._streams.values()), {}
+                    self._after_event.clear()
                 for stream in streams:
                     self.engine.cancel(stream.request_id)
                     self._deliver(stream, exc)
@@ -184,8 +196,22 @@ class AsyncEngine:
                 with self._lock:
                     stream = (self._streams.pop(event.request_id, None) if event.finished
                               else self._streams.get(event.request_id))
-                if stream is not None:
-                    self._deliver(stream, event)
+                    after = (self._after_event.pop(event.request_id, None) if event.finished
+                             else self._after_event.get(event.request_id))
+                if stream is None:
+                    continue
+                if after is not None:
+                    try:
+                        after(event)
+                    except Exception as exc:  # noqa: BLE001 - the request's own side work: it ends with it
+                        if not event.finished:
+                            with self._lock:
+                                self._streams.pop(event.request_id, None)
+                                self._after_event.pop(event.request_id, None)
+                            self.engine.cancel(event.request_id)
+                        self._deliver(stream, exc)
+                        continue
+                self._deliver(stream, event)
             if self.engine.idle and not events:   # every running request waits for input
                 self._wake.wait(timeout=IDLE_POLL_S)
                 self._wake.clear()

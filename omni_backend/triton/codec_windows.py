@@ -12,6 +12,9 @@ A source may first send `CONTEXT_CODES`: frames that precede the generated ones 
 context only (a voice prompt's own codes). The schedule counts generated frames; a window's
 context reaches back into them; their audio is never emitted.
 
+A source that decodes its own windows (a deploy that runs the codec in the AR stage's process)
+sends `AUDIO` instead of frames: it is handed on as it arrives, the codec stage not called.
+
 Families whose frames are shaped otherwise override `frames` (source output -> [n, ...] frames)
 and `window` (frames -> the codec stage's inputs).
 """
@@ -28,6 +31,7 @@ from omni_backend.triton.transfer import Outputs, SourceReader, StageCall, Trans
 class CodecWindows(Transfer):
     frames_output = "CODES"
     context_output = "CONTEXT_CODES"
+    audio_output = "AUDIO"   # a source that decodes its own windows
 
     def schedule(self, request: dict[str, Any]) -> CodecChunkSchedule:
         a = self.deploy.async_chunk
@@ -70,8 +74,11 @@ class CodecWindows(Transfer):
         schedule = self.schedule(request)
         frames: list[np.ndarray] = []      # context frames, then generated frames
         state = {"context": 0}
+        decoded: list[np.ndarray] = []     # audio the source decoded itself, not yet handed on
 
         def arrived(out: Outputs) -> None:
+            if self.audio_output in out and out[self.audio_output].size:
+                decoded.append(out[self.audio_output].reshape(-1))
             if self.context_output in out and not frames:
                 frames.extend(self.frames(out[self.context_output]))
                 state["context"] = len(frames)
@@ -86,12 +93,15 @@ class CodecWindows(Transfer):
             return self.plan(schedule, emitted, len(frames) - context, reader.finished, context)
         try:
             while True:
+                if decoded:
+                    yield {"AUDIO": decoded.pop(0)}
+                    continue
                 window = next_window()
                 if window is None:
                     if reader.finished:
                         reader.check()
                         return
-                    await reader.more(stage, lambda: next_window() is not None)
+                    await reader.more(stage, lambda: bool(decoded) or next_window() is not None)
                     continue
                 start, end, lookahead = window
                 first_new = state["context"] + emitted

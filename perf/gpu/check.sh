@@ -38,6 +38,19 @@ fi
 if [[ "${VOXCPM2_CHECK:-1}" != 0 ]]; then
   timeout "${VOXCPM2_TIMEOUT:-120}" "$PY" perf/gpu/voxcpm2_check.py "${orpheus_args[@]}" || echo "voxcpm2 check: exit $?"
 fi
+# The frame step's profile (torch.profiler over the 1.7B-shaped step at c = 1: kernels per frame, time per
+# kernel; perf/gpu/frame_profile.py), bounded like the others; it takes the same report arguments.
+if [[ "${FRAME_PROFILE:-1}" != 0 ]]; then
+  timeout "${FRAME_PROFILE_TIMEOUT:-120}" "$PY" perf/gpu/frame_profile.py "${orpheus_args[@]}" || echo "frame profile: exit $?"
+fi
+# The torch.compile'd frame step's time beside the uncompiled one's (talker option compile): opt in with
+# FRAME_COMPILE=default (or max-autotune-no-cudagraphs); its 4 variants compile at load (minutes at 1.7B).
+if [[ -n "${FRAME_COMPILE:-}" ]]; then
+  compile_args=(--compile "$FRAME_COMPILE")
+  [[ " $* " == *" --dry-run "* ]] && compile_args+=(--compile-backend aot_eager)   # no inductor C++ build on CPU
+  timeout "${FRAME_COMPILE_TIMEOUT:-300}" "$PY" perf/gpu/frame_profile.py "${compile_args[@]}" "${orpheus_args[@]}" \
+    || echo "compiled frame step: exit $?"
+fi
 # sized for < 8 minutes on an H200; the guard (SIGTERM at 540 s in all, under a 600 s command
 # limit) still lets check.py write the report of what it measured
 exec timeout "$(( ${CHECK_TIMEOUT:-540} - (SECONDS - start) ))" "$PY" perf/gpu/check.py "$@"

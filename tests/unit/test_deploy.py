@@ -154,7 +154,33 @@ def test_family_options_take_their_defaults():
     cfg = check_options(parse_deploy({"pipeline": "qwen3_tts", "stages": [
         {"stage_id": 0, "options": {"subtalker_top_k": 7}}]}), get_pipeline("qwen3_tts"))
     assert cfg.stage(0).options == {"subtalker_do_sample": None, "subtalker_temperature": None,
-                                    "subtalker_top_k": 7, "subtalker_top_p": None, "text_wait_s": 30.0}
+                                    "subtalker_top_k": 7, "subtalker_top_p": None, "text_wait_s": 30.0,
+                                    "code2wav": "own_stage", "compile": "none"}
+
+
+@pytest.mark.parametrize("stages, key", [
+    ([{"stage_id": 0, "options": {"code2wav": "elsewhere"}}], "stages[0].options.code2wav"),
+    ([{"stage_id": 0, "options": {"code2wav": True}}], "stages[0].options.code2wav"),
+    ([{"stage_id": 1, "options": {"code2wav": "in_talker"}}], "stages[0].options.code2wav"),  # the talker's choice
+])
+def test_code2wav_placement_is_checked(stages, key):
+    from omni_backend.deploy import check_options
+    from omni_backend.families import get_pipeline
+
+    cfg = parse_deploy({"pipeline": "qwen3_tts_tiny_random", "stages": stages}, "deploy/x.yaml")
+    with pytest.raises(DeployError) as e:
+        check_options(cfg, get_pipeline("qwen3_tts_tiny_random"))
+    assert str(e.value).startswith(f"deploy/x.yaml: {key}:"), str(e.value)
+
+
+def test_code2wav_placement_of_the_committed_deploys():
+    from omni_backend.deploy import check_options
+    from omni_backend.families import get_pipeline
+
+    pipeline = get_pipeline("qwen3_tts_tiny_random")
+    for name, placement in (("qwen3_tts_tiny_random.yaml", "own_stage"),
+                            ("qwen3_tts_tiny_random.in_talker.yaml", "in_talker")):
+        assert check_options(load_deploy(DEPLOY_DIR / name), pipeline).stage(0).options["code2wav"] == placement
 
 
 @pytest.mark.parametrize("pipeline, stages, key", [

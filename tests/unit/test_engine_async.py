@@ -78,3 +78,44 @@ def test_cancel_and_close(cv):
         fresh.close()
 
     asyncio.run(main())
+
+
+def test_after_event_runs_in_the_engine_thread_before_delivery(cv):
+    """`after_event` sees each event of its request, in the engine's thread, before the stream
+    does; an exception in it ends that request with it, and the others run on unchanged."""
+    import threading
+
+    builder = cv.prompt_builder()
+    prompt = builder.build("Hello there.", speaker="ryan")
+    seen: list[tuple[int, str]] = []
+
+    def after(event):
+        seen.append((event.index, threading.current_thread().name))
+
+    def failing(event):
+        if event.index == 2:
+            raise ValueError("side work failed")
+
+    async def main():
+        engine = AsyncEngine(create_engine(cv, max_num_seqs=4, max_model_len=128, num_threads=1))
+        try:
+            async def consume(rid, hook):
+                out = []
+                async for event in engine.add_request(rid, prompt, SamplingParams.greedy(max_new_tokens=6),
+                                                      after_event=hook):
+                    if hook is after:   # the hook ran on this event before it arrived
+                        assert event.index in [i for i, _ in seen]
+                    out.append(event.codes)
+                return out
+
+            plain, hooked, failed = await asyncio.gather(consume("a", None), consume("b", after),
+                                                         consume("c", failing), return_exceptions=True)
+            assert engine.num_requests == 0
+            return plain, hooked, failed
+        finally:
+            engine.close()
+
+    plain, hooked, failed = asyncio.run(main())
+    assert hooked == plain and len(plain) >= 3   # so the failing hook met index 2
+    assert [i for i, _ in seen] == list(range(len(plain))) and {name for _, name in seen} == {"ar-engine"}
+    assert isinstance(failed, ValueError) and str(failed) == "side work failed"

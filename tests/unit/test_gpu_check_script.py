@@ -29,6 +29,8 @@ def test_gpu_check_dry_run():
     # the Qwen3-Omni check ran before it, with its tables
     assert "## Qwen3-Omni GPU check (DRY RUN, CPU, tiny shape)" in out
     assert "| c | TTFT p50 ms | TTFT p95 ms | TTFA p50 ms | TTFA p95 ms | RTF p50 | audio s/s |" in out
+    # the frame step's profile ran before it
+    assert "### Frame step profile: Qwen3-TTS random tiny, c = 1, cpu" in out
     # the Orpheus vLLM check ran first: its table, or the line saying vLLM is not importable
     assert "## Orpheus vLLM GPU check" in out
     assert "| c | stage engine tok/s | plain vLLM tok/s | plain / stage |" in out or "Skipped: vLLM is not" in out
@@ -84,3 +86,41 @@ def test_omni_gpu_check_dry_run(tmp_path):
     for c in (1, 4, 16):
         assert f"\n| {c} | " in report
     assert "Problems" not in report
+
+
+def test_frame_profile_dry_run(tmp_path):
+    """perf/gpu/frame_profile.py on CPU (tiny shape): its table of kernels (here CPU operators) per
+    frame, with the step time, written to the results."""
+    results = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, "perf/gpu/frame_profile.py", "--dry-run", "--frames", "2",
+                           "--work", str(tmp_path), "--results", str(results)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    report = results.read_text()
+    assert report.startswith("\n### Frame step profile: Qwen3-TTS random tiny, c = 1, cpu")
+    assert "(dry run: CPU operators, not GPU kernels)" in report
+    assert "| kernel | calls / frame | us / call | us / frame | share |" in report
+    assert "`aten::" in report   # operators listed
+    step = float(report.split("Step p50 ")[1].split(" ms")[0])
+    kernels = float(report.split("); ")[1].split(" kernels per frame")[0])
+    assert step > 0 and kernels > 100   # a frame is a talker step and 15 code-predictor steps
+
+
+def test_frame_profile_compiled_line_dry_run(tmp_path):
+    """`--compile default` adds the compiled step's time beside the uncompiled one's (CPU dry run
+    with dynamo's aot_eager backend: inductor's C++ build of a variant takes minutes here)."""
+    results = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, "perf/gpu/frame_profile.py", "--dry-run", "--frames", "2",
+                           "--compile", "default", "--compile-backend", "aot_eager",
+                           "--work", str(tmp_path), "--results", str(results)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    line = results.read_text().split("Compiled step (`compile: default`): p50 ")[1]
+    compiled, uncompiled = float(line.split(" ms")[0]), float(line.split(" vs ")[1].split(" ms")[0])
+    assert compiled > 0 and uncompiled > 0 and "compile + capture + warm-up" in line
+    bad = subprocess.run([sys.executable, "perf/gpu/frame_profile.py", "--dry-run", "--compile", "reduce-overhead"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert bad.returncode == 2 and "--compile" in bad.stderr

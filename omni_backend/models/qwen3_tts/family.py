@@ -21,7 +21,19 @@ CODE_PREDICTOR_OPTIONS = (
 # with `invalid_request: text: ...` and frees its slot.
 TEXT_WAIT_OPTION = Param("text_wait_s", float, default=30.0, lo=0.1, hi=3600.0,
                          help="seconds a streaming_input request may wait for more text")
-TALKER_OPTIONS = CODE_PREDICTOR_OPTIONS + (TEXT_WAIT_OPTION,)
+# Where the codec decoder runs (talker_decoding.py): its own stage, batching windows across
+# streams (throughput), or in the talker's process, which then streams AUDIO (first audio without
+# the entry -> code2wav -> entry round trip).
+CODE2WAV_PLACEMENT_OPTION = Param("code2wav", str, default="own_stage", choices=("own_stage", "in_talker"),
+                                  help="where code2wav decodes: own_stage (batched across streams) or "
+                                       "in_talker (the talker's process decodes its own windows)")
+# torch.compile modes (inductor's) of the static frame step (compiled_step.py); on CUDA the engine's graphs
+# capture the compiled step. Not inductor's reduce-overhead: the engine's own graphs do that.
+COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
+COMPILE_OPTION = Param("compile", str, default="none", choices=COMPILE_MODES,
+                       help="torch.compile of the frame step: none, default or max-autotune-no-cudagraphs "
+                            "(inductor modes; runs the static step, captured in the engine's CUDA graphs)")
+TALKER_OPTIONS = CODE_PREDICTOR_OPTIONS + (TEXT_WAIT_OPTION, CODE2WAV_PLACEMENT_OPTION, COMPILE_OPTION)
 
 
 def _qwen3_tts(name: str, description: str, default_model: str | None) -> PipelineConfig:
@@ -35,6 +47,7 @@ def _qwen3_tts(name: str, description: str, default_model: str | None) -> Pipeli
         stages=(
             StageConfig(stage_id=0, model_stage="talker", kind="stream", options=TALKER_OPTIONS,
                         outputs=(TensorSpec("CODES", "INT64", (-1, -1)), TensorSpec("CONTEXT_CODES", "INT64", (-1, -1)),
+                                 TensorSpec("AUDIO", "FP32", (-1,)),   # code2wav: in_talker
                                  TensorSpec("ERROR", "STRING", (1,))),   # its errors, as data (triton/stage.py)
                         triton_class="omni_backend.models.qwen3_tts.talker_stage.Qwen3TalkerStage"),
             StageConfig(stage_id=1, model_stage="code2wav", kind="batched", input_sources=(0,), final_output=True,

@@ -106,12 +106,14 @@ class Qwen3TTSRunner(ModelRunner):
 
     ``static_step`` (default: on CUDA) runs each decode step as :class:`GraphSafeStaticStep` over
     static buffers, captured as CUDA graphs per batch-size bucket (``cuda_graph_sizes``) unless
-    ``enforce_eager``; the CPU default is :class:`BatchInvariantExactStep`."""
+    ``enforce_eager``; the CPU default is :class:`BatchInvariantExactStep`. ``compile_mode`` other
+    than ``none`` runs the static step (on any device) compiled by ``torch.compile``
+    (:mod:`.compiled_step`); on CUDA the graphs capture the compiled step."""
 
     def __init__(self, checkpoint: Qwen3TTSCheckpoint, max_num_seqs: int = 8, max_model_len: int = 2048,
                  batch_invariant: bool = True, static_step: Optional[bool] = None,
                  cuda_graph_sizes: Seq[int] = (1, 2, 4, 8, 16), enforce_eager: bool = False,
-                 shortest_attention: int = SHORTEST_LENGTH_BUCKET) -> None:
+                 shortest_attention: int = SHORTEST_LENGTH_BUCKET, compile_mode: str = "none") -> None:
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         self.talker = checkpoint.talker
@@ -136,9 +138,11 @@ class Qwen3TTSRunner(ModelRunner):
         self.static: Optional[GraphSafeStaticStep] = None
         self.graphs = None
         self._slot_seq: dict[int, Sequence] = {}   # running requests by slot (the static path's waiting rows)
-        if static_step if static_step is not None else device.type == "cuda":
+        if compile_mode != "none" and static_step is False:
+            raise ValueError("compile_mode compiles the static step: it needs static_step")
+        if static_step if static_step is not None else (device.type == "cuda" or compile_mode != "none"):
             self._init_static(cuda_graph_sizes, enabled=device.type == "cuda" and not enforce_eager,
-                              shortest_attention=shortest_attention)
+                              shortest_attention=shortest_attention, compile_mode=compile_mode)
 
     # -- engine interface
     def check(self, prompt: Qwen3Prompt, params: SamplingParams) -> None:
@@ -259,8 +263,8 @@ class Qwen3TTSRunner(ModelRunner):
             st.past_hidden = hidden[i:i + 1]
 
     # -- static step (CUDA graphs)
-    def _init_static(self, sizes: Seq[int], enabled: bool, shortest_attention: int) -> None:
-        from omni_backend.engine.cuda_graphs import GraphBuckets
+    def _init_static(self, sizes: Seq[int], enabled: bool, shortest_attention: int, compile_mode: str) -> None:
+        from omni_backend.engine.cuda_graphs import GraphBuckets, bucket_sizes
 
         # a masked-out key still multiplies its value by 0: unwritten (uninitialised) positions must be finite
         for buffer in self.cache.keys + self.cache.values:
@@ -271,8 +275,16 @@ class Qwen3TTSRunner(ModelRunner):
         # variants: (sample, attention length): sample False = every row greedy (no sort / softmax
         # in the graph); the length bucket holds the batch's furthest position
         self.lengths = length_buckets(self.max_model_len, shortest_attention)
-        self.graphs = GraphBuckets(self.static.run, sizes, self.max_num_seqs,
-                                   variants=[(sample, length) for sample in (False, True) for length in self.lengths],
+        variants = [(sample, length) for sample in (False, True) for length in self.lengths]
+        step = self.static.run
+        if compile_mode != "none":   # the graphs capture the compiled step (compiled_step.py)
+            from .compiled_step import compile_static_step
+
+            buckets = len(bucket_sizes(sizes, self.max_num_seqs))
+            step = compile_static_step(self.static, compile_mode, len(variants) * buckets)
+            logger.info("frame step: torch.compile mode %s (%d buckets x %d variants)", compile_mode, buckets,
+                        len(variants))
+        self.graphs = GraphBuckets(step, sizes, self.max_num_seqs, variants=variants,
                                    enabled=enabled, device=self.checkpoint.device)
         with torch.inference_mode():
             try:
@@ -346,12 +358,13 @@ def create_engine(checkpoint: Qwen3TTSCheckpoint | str, max_num_seqs: int = 8, m
                   batch_invariant: bool = True, cuda_graph_sizes: Optional[Seq[int]] = None,
                   enforce_eager: bool = False, static_step: Optional[bool] = None,
                   shortest_attention: int = SHORTEST_LENGTH_BUCKET,
-                  max_input_wait_s: Optional[float] = None) -> AREngine:
+                  max_input_wait_s: Optional[float] = None, compile_mode: str = "none") -> AREngine:
     """An :class:`AREngine` over a checkpoint (a loaded one or a folder path). The engine's default
     sampling parameters are the checkpoint's ``generation_config.json``. On CUDA the decode step
     is captured as CUDA graphs per ``cuda_graph_sizes`` bucket and attention length (doubling
     from ``shortest_attention`` up to ``max_model_len``) here, before the engine serves
-    (``enforce_eager`` runs the same static step without graphs)."""
+    (``enforce_eager`` runs the same static step without graphs). ``compile_mode``: see
+    :class:`Qwen3TTSRunner`."""
     if num_threads is not None:
         torch.set_num_threads(int(num_threads))
     if isinstance(checkpoint, str):
@@ -359,7 +372,8 @@ def create_engine(checkpoint: Qwen3TTSCheckpoint | str, max_num_seqs: int = 8, m
     runner = Qwen3TTSRunner(checkpoint, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                             batch_invariant=batch_invariant, static_step=static_step,
                             cuda_graph_sizes=tuple(cuda_graph_sizes) if cuda_graph_sizes else (1, 2, 4, 8, 16),
-                            enforce_eager=enforce_eager, shortest_attention=shortest_attention)
+                            enforce_eager=enforce_eager, shortest_attention=shortest_attention,
+                            compile_mode=compile_mode)
     return AREngine(runner, max_prefills_per_step=max_prefills_per_step, num_threads=num_threads,
                     default_params=sampling_params_from_defaults(checkpoint.generation),
                     max_input_wait_s=max_input_wait_s)

@@ -35,10 +35,11 @@ from omni_backend.engine import AsyncEngine, SamplingParams
 from omni_backend.errors import InvalidRequest, PipelineError
 from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
 from omni_backend.models.qwen3_tts.runner import create_engine
-from omni_backend.models.qwen3_tts.family import TEXT_WAIT_OPTION
+from omni_backend.models.qwen3_tts.family import CODE2WAV_PLACEMENT_OPTION, COMPILE_OPTION, TEXT_WAIT_OPTION
 from omni_backend.models.qwen3_tts.sampling_params import FIELDS as CODE_PREDICTOR_FIELDS
 from omni_backend.models.qwen3_tts.sampling_params import code_predictor_params, sampling_params_from_request
 from omni_backend.models.qwen3_tts.streamed_text import StreamedText
+from omni_backend.models.qwen3_tts.talker_decoding import TalkerWindows
 from omni_backend.triton.decoupled import StreamContext
 from omni_backend.triton.stage import ForgetOnRelease, StageModel
 
@@ -84,7 +85,8 @@ class Qwen3TalkerStage(StageModel):
                                max_model_len=sd.max_model_len, num_threads=sd.threads, dtype=sd.dtype,
                                device=sd.device, cuda_graph_sizes=sd.cuda_graph_sizes,
                                enforce_eager=sd.enforce_eager, batch_invariant=sd.batch_invariant,
-                               max_prefills_per_step=sd.max_prefills_per_step, max_input_wait_s=self.text_wait_s)
+                               max_prefills_per_step=sd.max_prefills_per_step, max_input_wait_s=self.text_wait_s,
+                               compile_mode=sd.options.get(COMPILE_OPTION.name) or COMPILE_OPTION.default)
         self.builder = engine.runner.checkpoint.prompt_builder()
         # Deploy-level sampling defaults (every key of default_sampling_params, and the code
         # predictor's subtalker_* from options) override the checkpoint's generation_config.json.
@@ -102,6 +104,9 @@ class Qwen3TalkerStage(StageModel):
 
             self.voice_encoder = VoiceEncoder.from_checkpoint(checkpoint.path, dict(checkpoint.config.speaker_encoder),
                                                               device=sd.device)
+        # code2wav: in_talker: this stage decodes its own windows and streams AUDIO (talker_decoding.py)
+        self.windows = (TalkerWindows(self.pipeline, self.deploy, checkpoint.path)
+                        if sd.options.get(CODE2WAV_PLACEMENT_OPTION.name) == "in_talker" else None)
         self.voice_cache: OrderedDict = OrderedDict()
         self.voice_cache_size = int(os.environ.get("OMNI_VOICE_CACHE_SIZE", "256"))
         self.voice_lock = threading.Lock()
@@ -159,23 +164,39 @@ class Qwen3TalkerStage(StageModel):
                                     language=request.get("language"), instruct=request.get("instructions"),
                                     non_streaming_mode=request.get("non_streaming_mode"), voice_clone=clone,
                                     streamed_ids=None if feed is None else tuple(feed.streamed.ids))
-        context = clone.ref_codes if clone is not None and not clone.x_vector_only else None
-        stream = self.engine.add_request(rid, prompt, self.sampling_params(request), input_open=feed is not None)
+        context = clone.ref_codes.numpy() if clone is not None and not clone.x_vector_only else None
+        cutter = None if self.windows is None else self.windows.cutter(request, context)
+        stream = self.engine.add_request(rid, prompt, self.sampling_params(request), input_open=feed is not None,
+                                         after_event=cutter)
         if feed is not None:
             feed.attach(self.engine, rid, len(feed.streamed.ids))
         ctx.resources.append(stream)
+        frames = self._frames(ctx, stream)
+        if cutter is not None:   # the engine thread decoded the windows each frame completed
+            async for _ in frames:
+                for audio in cutter.take():
+                    yield [pb_utils.Tensor("AUDIO", audio)]
+            return
+        async for codes in frames:
+            if not codes.size:
+                continue
+            tensors = [pb_utils.Tensor("CODES", np.asarray([codes], dtype=np.int64))]
+            if context is not None:
+                tensors.append(pb_utils.Tensor("CONTEXT_CODES", np.ascontiguousarray(context, dtype=np.int64)))
+                context = None
+            yield tensors
+
+    async def _frames(self, ctx: StreamContext, stream) -> AsyncIterator[np.ndarray]:
+        """The request's codec frames ([16] each) as the engine makes them (and, empty, its end)."""
         async for event in self.engine_events(ctx, stream):
             if event.finish_reason == "input_timeout":
                 raise InvalidRequest("text", f"the talker read all the text that arrived and waited "
                                              f"{self.text_wait_s:g} s for more, which did not come and the "
                                              "input did not end (text_wait_s)")
             if event.codes is not None:
-                tensors = [pb_utils.Tensor("CODES", np.asarray([event.codes], dtype=np.int64))]
-                if context is not None:
-                    tensors.append(pb_utils.Tensor("CONTEXT_CODES", np.ascontiguousarray(context.numpy(),
-                                                                                         dtype=np.int64)))
-                    context = None
-                yield tensors
+                yield np.asarray(event.codes, dtype=np.int64)
+            elif event.finished:
+                yield np.zeros(0, dtype=np.int64)
 
     async def on_append(self, ctx: StreamContext, text: str, end: bool) -> None:
         feed = self.text_feeds.get(ctx.stage_request_id)

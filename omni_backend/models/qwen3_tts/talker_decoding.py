@@ -1,0 +1,91 @@
+"""code2wav inside the talker's process: the talker stage decodes its own codec windows.
+
+A deploy choice (the talker stage's option ``code2wav: in_talker``). By default (``own_stage``)
+the talker streams codec frames, the entry cuts them into windows (CodecWindows) and calls the
+code2wav stage for each, which batches windows across streams in its own process. That costs
+the first chunk two process hops more (entry -> code2wav -> entry, and Triton's batcher wait),
+which on a small model is as much as the compute. In the talker the windows are cut by the same
+schedule and decoded by the same decoder (Float32, the code2wav stage's device and
+batch_invariant setting), one stream's windows at a time, in the engine's thread right after the
+step that completed a window (AsyncEngine's `after_event`), in turn with the steps rather than
+in a worker thread contending with them for the GIL (that first version gave first audio 81 ms
+against 58 own_stage on the tiny random checkpoint). The talker then streams AUDIO and the
+entry's transfer hands it on. The samples are the same either way: only the process that
+computes them changes. On CPU it has not been faster than own_stage (perf/RESULTS.md).
+"""
+from __future__ import annotations
+
+import os
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_backend.chunking import CodecChunkSchedule
+from omni_backend.deploy import DeployConfig
+from omni_backend.pipeline import PipelineConfig
+
+
+class TalkerWindows:
+    """The codec decoder and the code2wav stage's window plan, for a talker stage that decodes."""
+
+    def __init__(self, pipeline: PipelineConfig, deploy: DeployConfig, checkpoint_path: str):
+        from omni_backend.models.qwen3_tts.code2wav import Code2Wav
+
+        code2wav = next(s for s in pipeline.stages if s.model_stage == "code2wav")
+        sd = deploy.stage(code2wav.stage_id)
+        self.async_chunk = deploy.async_chunk
+        self.decoder = Code2Wav.from_checkpoint(os.path.join(checkpoint_path, "speech_tokenizer"), device=sd.device,
+                                                batch_invariant=sd.batch_invariant)
+
+    def schedule(self, request: dict[str, Any]) -> CodecChunkSchedule:
+        """The request's chunk schedule, as the entry's CodecWindows cuts it for the code2wav stage."""
+        if not self.async_chunk.enabled:   # one window for the whole utterance
+            return CodecChunkSchedule(10**9, 10**9, 0)
+        return self.async_chunk.chunk_schedule(request.get("initial_chunk_frames"), request.get("chunk_frames"),
+                                               request.get("left_context_frames"))
+
+    def decode(self, frames: list[np.ndarray], left_context: int) -> np.ndarray:
+        """The new frames' audio of one window (its first `left_context` frames are context)."""
+        codes = torch.from_numpy(np.stack(frames, axis=1)[None].astype(np.int64))   # [1, 16, frames]
+        with torch.inference_mode():
+            return self.decoder.decode_window(codes.to(self.decoder.device), left_context)[0].float().cpu().numpy()
+
+    def cutter(self, request: dict[str, Any], context: np.ndarray | None) -> "WindowCutter":
+        """One request's window cutting and decoding, fed its engine events (in the engine thread)."""
+        return WindowCutter(self, request, context)
+
+
+class WindowCutter:
+    """Collects one request's frames and decodes each window the schedule cuts as soon as its last
+    frame exists; `take()` hands the audio made so far to the request's event loop."""
+
+    def __init__(self, windows: TalkerWindows, request: dict[str, Any], context: np.ndarray | None):
+        self.windows = windows
+        self.schedule = windows.schedule(request)
+        self.held: list[np.ndarray] = [] if context is None else list(context)
+        self.first = len(self.held)   # context frames: codec context only, never heard
+        self.emitted = 0
+        self.ready: deque[np.ndarray] = deque()
+
+    def __call__(self, event: Any) -> None:
+        """An engine event of the request (engine thread): its frame, and the windows it completes."""
+        if event.codes is not None:
+            self.held.append(np.asarray(event.codes, dtype=np.int64))
+        if event.finished and event.finish_reason not in ("stop", "length"):
+            return   # cancelled, failed or timed out: nobody hears the rest
+        while (window := self.schedule.next_window(self.emitted, len(self.held) - self.first,
+                                                   event.finished)) is not None:
+            # the context reaches back into the context frames, as in CodecWindows.plan
+            left = min(self.schedule.left_context_frames, self.first + self.emitted)
+            start = self.first + self.emitted - left
+            self.ready.append(self.windows.decode(self.held[start:self.first + window.end_frame], left))
+            self.emitted = window.end_frame
+
+    def take(self) -> list[np.ndarray]:
+        """The audio decoded so far and not yet taken, in order (thread-safe: deque pops)."""
+        out = []
+        while self.ready:
+            out.append(self.ready.popleft())
+        return out

@@ -1,0 +1,162 @@
+"""The tiny random Qwen3-TTS served with code2wav in the talker's process (the talker stage's
+option `code2wav: in_talker`, deploy/qwen3_tts_tiny_random.in_talker.yaml), by a real tritonserver.
+
+The served audio must be what the two-process deploy serves: equal to the in-process engine and
+decoder with the deploy's chunk schedule, also under concurrency, the chunks cut as that schedule
+plans; and the talker's own responses carry audio, never codes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+
+from client.triton_process import TritonProcess
+from client.triton_stream import synthesize
+
+pytestmark = pytest.mark.system
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINE = "qwen3_tts_tiny_random"
+DEPLOY = ROOT / "deploy" / f"{PIPELINE}.in_talker.yaml"
+GREEDY = {"do_sample": False, "subtalker_do_sample": False}
+PROMPTS = [
+    ("Hello world, this is a streaming test.", {"voice": "ryan", "language": "english", "max_new_tokens": 30}),
+    ("A second request with another voice.", {"voice": "Serena", "max_new_tokens": 25}),
+    ("Short.", {"voice": "aiden", "non_streaming_mode": False, "max_new_tokens": 12}),
+    ("Chunking overridden per request.", {"voice": "dylan", "initial_chunk_frames": 3, "chunk_frames": 5,
+                                          "left_context_frames": 10, "max_new_tokens": 22}),
+    ("Sampling with a seed.", {"seed": 1234, "max_new_tokens": 15}),
+    ("今天天气很好，我们去公园散步吧。", {"voice": "eric", "language": "chinese", "max_new_tokens": 20}),
+]
+
+
+def _request(params: dict) -> dict:
+    return params if "seed" in params else {**GREEDY, **params}
+
+
+@pytest.fixture(scope="module")
+def in_talker(tmp_path_factory, fresh_builtin_checkpoints):
+    from ensemble_builder.build import build
+
+    base = tmp_path_factory.mktemp("in_talker")
+    build(PIPELINE, base / "model_repository", DEPLOY)
+    server = TritonProcess(base / "model_repository", log_path=base / "tritonserver.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """In-process: the engine's greedy codes, decoded window by window as the deploy's schedule cuts them."""
+    from omni_backend.deploy import load_deploy
+    from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
+    from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
+    from omni_backend.models.qwen3_tts.code2wav import Code2Wav
+    from omni_backend.models.qwen3_tts.runner import create_engine
+    from omni_backend.models.qwen3_tts.sampling_params import sampling_params_from_request
+
+    path = resolve_checkpoint(f"builtin:{PIPELINE}")
+    deploy = load_deploy(DEPLOY)
+    assert deploy.stage(0).threads == deploy.stage(1).threads == 1   # float reductions depend on it
+    torch.set_num_threads(1)
+    engine = create_engine(path, max_num_seqs=8)
+    defaults = dataclasses.replace(engine.default_params, **deploy.stage(0).default_sampling_params)
+    adapter = Qwen3TTSAdapter.from_model(path)
+    builder = engine.runner.checkpoint.prompt_builder()
+    decoder = Code2Wav.from_checkpoint(f"{path}/speech_tokenizer", batch_invariant=True)
+
+    def audio(text: str, params: dict) -> np.ndarray:
+        req = adapter.validate(text, _request(params))
+        prompt = builder.build(req["text"], speaker=req["voice"], language=req["language"],
+                               instruct=req["instructions"], non_streaming_mode=req["non_streaming_mode"])
+        rid = uuid.uuid4().hex
+        codes = np.asarray(engine.generate([(rid, prompt, sampling_params_from_request(defaults, req))])[rid])
+        schedule = deploy.async_chunk.chunk_schedule(params.get("initial_chunk_frames"), params.get("chunk_frames"),
+                                                     params.get("left_context_frames"))
+        t = torch.from_numpy(codes.T[None].astype(np.int64).copy())
+        return torch.cat(list(decoder.decode_stream(t, schedule)), dim=-1)[0].numpy()
+
+    return audio
+
+
+def talker_responses(url: str, text: str, params: dict) -> list[dict[str, np.ndarray | None]]:
+    """The talker stage's own responses over gRPC (its REQUEST is the adapter's normalized request)."""
+    from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
+    from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
+
+    req = Qwen3TTSAdapter.from_model(resolve_checkpoint(f"builtin:{PIPELINE}")).validate(text, _request(params))
+    client = grpcclient.InferenceServerClient(url)
+    results: "queue.Queue" = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES"), grpcclient.InferInput("REQUEST_ID", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([json.dumps(req).encode()], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.array([uuid.uuid4().hex.encode()], dtype=np.object_))
+    client.async_stream_infer(f"{PIPELINE}__talker", inputs, enable_empty_final_response=True)
+    responses = []
+    try:
+        while True:
+            result, error = results.get(timeout=120)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return responses
+            responses.append({name: result.as_numpy(name) for name in ("AUDIO", "CODES")})
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.parametrize("text,params", PROMPTS[:5], ids=lambda x: str(x)[:20])
+def test_served_audio_equals_in_process(in_talker, reference, text, params):
+    res = synthesize(in_talker.grpc_url, PIPELINE, text, _request(params))
+    want = reference(text, params)
+    assert res.sample_rate == 24000
+    np.testing.assert_array_equal(res.audio, want)
+
+
+def test_chunks_follow_the_schedule(in_talker):
+    from omni_backend.deploy import load_deploy
+
+    res = synthesize(in_talker.grpc_url, PIPELINE, "Hello there.", {**GREEDY, "max_new_tokens": 40,
+                                                                    "initial_chunk_frames": 3, "chunk_frames": 10})
+    sizes = [len(c) // 1920 for c in res.chunks]
+    schedule = load_deploy(DEPLOY).async_chunk.chunk_schedule(3, 10)
+    assert sizes == [w.new_frames for w in schedule.plan(39)] == [3, 4, 6, 7, 3, 10, 6]
+
+
+def test_the_talker_streams_audio_not_codes(in_talker):
+    """The talker decodes its own windows: each of its responses is a window's audio, the codes never
+    leave its process (so the entry calls no code2wav)."""
+    from omni_backend.deploy import load_deploy
+
+    responses = talker_responses(in_talker.grpc_url, "Hello there.", {"max_new_tokens": 12})
+    assert [r["CODES"] for r in responses] == [None] * len(responses)
+    sizes = [r["AUDIO"].size // 1920 for r in responses]
+    schedule = load_deploy(DEPLOY).async_chunk.chunk_schedule()
+    assert sizes == [w.new_frames for w in schedule.plan(11)] == [2, 2, 3, 4]   # as the 40-token request above
+
+
+def test_concurrent_requests_equal_their_solo_result(in_talker):
+    solo = [synthesize(in_talker.grpc_url, PIPELINE, t, _request(p)).audio for t, p in PROMPTS]
+    barrier = threading.Barrier(len(PROMPTS))
+
+    def run(i: int) -> np.ndarray:
+        barrier.wait()
+        t, p = PROMPTS[i]
+        return synthesize(in_talker.grpc_url, PIPELINE, t, _request(p)).audio
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = list(pool.map(run, range(len(PROMPTS))))
+    for i in range(len(PROMPTS)):
+        np.testing.assert_array_equal(together[i], solo[i], err_msg=f"request {i}")
