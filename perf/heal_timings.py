@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from client.triton_process import TritonProcess  # noqa: E402
 from client.triton_stream import TritonStreamError, stream  # noqa: E402
 from omni_backend.errors import error_code  # noqa: E402
-from omni_backend.supervisor import stubs  # noqa: E402
+from omni_backend.stubs import server_stubs as stubs  # noqa: E402
 from omni_backend.testing import long_streams  # noqa: E402
 
 QWEN = long_streams.QWEN

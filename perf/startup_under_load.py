@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client.triton_process import TritonProcess  # noqa: E402
-from omni_backend.supervisor import stubs  # noqa: E402
+from omni_backend.stubs import server_stubs as stubs  # noqa: E402
 from omni_backend.testing import busy_host  # noqa: E402
 
 
