@@ -4,10 +4,6 @@ random-weight checkpoints in the released layouts, and diagnostics that compare 
 * :mod:`.qwen3_tts_random`: Qwen3-TTS checkpoints (``python -m omni_backend.testing.qwen3_tts_random``);
 * :mod:`.qwen3_tts_random_speech_tokenizer`: their ``speech_tokenizer/`` folder (the codec);
 * :mod:`.qwen3_tts_graph_check`: codes with CUDA graphs against the same step run eagerly;
-* :mod:`.llama_random`: Llama checkpoints in the Hugging Face layout (plain causal-LM stages);
-* :mod:`.orpheus_random`: Orpheus checkpoints (a Llama, a Llama 3-style tokenizer with the
-  released ids, weights that walk the SNAC code bands) (``python -m omni_backend.testing.orpheus_random``);
-* :mod:`.snac_random`: SNAC 24 kHz codec checkpoints (``python -m omni_backend.testing.snac_random``).
 * :mod:`.long_streams`: a model repository whose tiny Qwen3-TTS streams run until their
   ``max_new_tokens`` (eos held back), for tests that kill or stop a server under streams.
 """

@@ -24,7 +24,7 @@ from omni_backend.engine import FrameEvent, PromptTooLongError, SamplingParams
 from omni_backend.engine.ar_engine import DuplicateRequestError
 from omni_backend.engine.vllm_engine import VLLMEngine, VLLMWorkerError
 from omni_backend.errors import InvalidRequest, Unavailable
-from omni_backend.testing.llama_random import write_random_llama
+from omni_backend.models.orpheus.random_llama import write_random_llama
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
