@@ -42,7 +42,7 @@ from client.speech_api.chat_request import refuse_chat_pipeline
 from client.speech_api.encoders import make_encoder
 from client.speech_api.encoders.base import pcm16
 from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
-from client.speech_api.request import _clean
+from client.speech_api.field_checks import clean_string
 from client.speech_api.resample import Resampler
 from client.speech_api.pool import TritonEndpoint
 from client.speech_api.speed import TimeStretch
@@ -444,7 +444,7 @@ class SpeechStreamSession:
             if not text:
                 return True
             try:   # a lone surrogate or NUL cannot reach Triton (or go back in audio.start)
-                _clean("text", text)
+                clean_string("text", text)
             except ApiError as e:
                 await self.send_error(e)
                 return True
