@@ -11,7 +11,7 @@ sampling). Every problem is a 400 naming the field in the request's own terms
 Every OpenAI field either works or is refused by name: fields that ask for something a chat
 pipeline here cannot do (`n` > 1, `tools`, `logprobs`, `stop`, a JSON `response_format`, ...)
 are accepted only with their neutral value. Keys OpenAI does not define are the pipeline's own
-parameters (`top_k`, `repetition_penalty`, `talker_*`, ...), checked against its catalog.
+parameters (`top_k`, `repetition_penalty`, a stage's own prefixed ones, ...), checked against its catalog.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The body of `POST /v1/audio/speech`: OpenAI's fields, our extensions, the model's own
-parameters (any other key its catalog lists, e.g. VoxCPM2's `cfg_value`), and their checks.
+parameters (any other key its catalog lists, e.g. a guidance scale), and their checks.
 
 Validation happens in two steps. `parse_speech_body` checks the shape every request must have
 (types, ranges, known field names) without knowing the model. `build_triton_params` then checks

@@ -29,7 +29,7 @@ from tests.toy_family import PIPELINE, audio_of, build_repository, expected_audi
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ("omni_backend/triton", "omni_backend/engine", "ensemble_builder", "omni_backend/families.py",
-          "omni_backend/pipeline.py")
+          "omni_backend/pipeline.py", "client/speech_api")
 
 
 def test_shared_layers_name_no_model_family():
