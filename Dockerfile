@@ -13,7 +13,7 @@ FROM nvcr.io/nvidia/tritonserver:24.10-py3
 
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
 # the Makefile's run-time Debian packages: jemalloc for OMNI_TRITON_ALLOCATOR=jemalloc
-# (omni_backend/triton/server_malloc.py), libb64 for perf_analyzer
+# (omni_backend/supervisor/server_malloc.py), libb64 for perf_analyzer
 RUN apt-get update && apt-get install -y --no-install-recommends libb64-0d libjemalloc2 && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/omni
 # The container's Python is 3.10 and has /opt/tritonserver; torch comes as its CUDA build.

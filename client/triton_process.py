@@ -9,7 +9,7 @@ from pathlib import Path
 
 from client.service_process import ServiceProcess, free_port
 from omni_backend.supervisor.options import READY_PATH
-from omni_backend.triton import server_binary
+from omni_backend.supervisor import server_binary
 
 __all__ = ["PlainTritonProcess", "TritonProcess", "free_port"]
 

@@ -32,7 +32,7 @@ SAMPLING_KEYS = ("temperature", "top_k", "top_p", "repetition_penalty", "do_samp
 # answer, and the responses its stub sends. An entry with more BLS calls in flight than the pool
 # has threads (a stage that stopped answering, its streams' pulls all waiting) leaves none to send
 # its responses: its streams, and the supervisor's `abort`, could not end. tritonserver gets this
-# many (omni_backend/triton/server_binary.py) and an entry's BLS threads stay below it.
+# many (omni_backend/supervisor/server_binary.py) and an entry's BLS threads stay below it.
 PYTHON_BACKEND_THREADS = 96
 RESPONSE_THREADS = 16
 MAX_BLS_THREADS = PYTHON_BACKEND_THREADS - RESPONSE_THREADS

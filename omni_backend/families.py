@@ -51,6 +51,14 @@ def load_family(module: str, root: str | None = None) -> list[PipelineConfig]:
     return list(declared)
 
 
+def openai_default_pipeline() -> str | None:
+    """The built-in pipeline declared the default behind OpenAI's model names (None: none is)."""
+    names = sorted(n for n, p in pipelines().items() if p.openai_default)
+    if len(names) > 1:
+        raise ValueError(f"pipelines {names} all declare openai_default; one may")
+    return names[0] if names else None
+
+
 def _load_builtin() -> None:
     for module in BUILTIN_FAMILIES:
         load_family(module)

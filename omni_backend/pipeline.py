@@ -102,6 +102,9 @@ class PipelineConfig:
     entry_class: str = "omni_backend.triton.entry.PipelineEntry"
     # A checkpoint the pipeline can run without one from the user (embedded or built at load).
     default_model: str | None = None
+    # The pipeline behind OpenAI's model names (tts-1, ...) in the speech API, unless it is told
+    # another (--default-pipeline); one pipeline of the registry at most declares it.
+    openai_default: bool = False
 
     def stage_model_name(self, stage: StageConfig) -> str:
         """Triton model name of a stage: `<pipeline>__<model_stage>`."""

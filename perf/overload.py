@@ -337,7 +337,7 @@ def run_once(args, number: int) -> dict:
             # a stub declared unhealthy while alive: the 2.51 backend's queues then stand one
             # message apart (perf/investigations/stub_health_desync.py)
             # answers seen by clients, plus those the entry or the supervisor got and acted on
-            # by killing the stub (omni_backend/triton/unhealthy_stub.py)
+            # by killing the stub (omni_backend/stubs/unhealthy_stub.py)
             "unhealthy": sum("is not healthy" in x.end for x in o) + log.count("killed stub")
             + log.count("which Triton answered not healthy"),
             "segv": log.count("Signal (11)") + log.count("lock_exception"),

@@ -36,8 +36,8 @@ SEEDS = {"noise_seed": 1234}
 @pytest.fixture(scope="session")
 def orpheus_checkpoints(tmp_path_factory) -> dict[str, Path]:
     from omni_backend.models.orpheus.builtin import SNAC_FOLDER
-    from omni_backend.testing.orpheus_random import write_random_orpheus
-    from omni_backend.testing.snac_random import write_random_snac
+    from omni_backend.models.orpheus.random_checkpoint import write_random_orpheus
+    from omni_backend.models.orpheus.random_snac import write_random_snac
 
     root = tmp_path_factory.mktemp("orpheus")
     out = {}

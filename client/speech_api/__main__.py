@@ -34,8 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"require Authorization: Bearer KEY on /v1/*; repeatable; also ${ENV_VAR} (comma separated)")
     ap.add_argument("--max-streams-per-pipeline", type=int, default=0, metavar="N",
                     help="concurrent streams per pipeline before 429 (default 0: no shim limit)")
-    ap.add_argument("--default-pipeline", default="hibari",
-                    help="pipeline behind tts-1, tts-1-hd and gpt-4o-mini-tts (default hibari)")
+    ap.add_argument("--default-pipeline", default=None,
+                    help="pipeline behind tts-1, tts-1-hd and gpt-4o-mini-tts (default: the built-in "
+                         "pipeline declared openai_default, the embedded English voice)")
     ap.add_argument("--probe-interval", type=float, default=1.0, metavar="SECONDS",
                     help="how often each Triton is health-checked (default 1.0)")
     ap.add_argument("--voices-dir", default=None, metavar="DIR",

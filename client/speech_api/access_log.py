@@ -4,7 +4,8 @@ Every response carries `x-request-id` (the client's own, when it sent a sane one
 goes to Triton as the request id. One log line per request, written when the body is done,
 holds the time to the status line, to first audio from Triton (ttfa), to the first body byte,
 the total, the bytes sent and the audio seconds. An exception that escapes every handler still
-becomes a 500 in the OpenAI envelope, with its request id.
+becomes a 500 in the OpenAI envelope, with its request id. A WebSocket session writes one such
+line per stream it speaks (`log_request`, method `WS`).
 """
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 def _ms(t: float | None, t0: float) -> str:
     return "-" if t is None else f"{(t - t0) * 1000:.0f}"
+
+
+def log_request(request_id: str, client: str, method: str, path: str, status: int | None, sent_bytes: int,
+                t0: float, start: float | None, first_byte: float | None, end: float, access: dict) -> None:
+    """The access line of one request: its times (perf_counter) and the fields its handler left
+    in `access` (model, format, ttfa_ms, outcome, ...)."""
+    extra = " ".join(f"{k}={v}" for k, v in access.items() if k != "ttfa_ms")
+    ttfa = access.get("ttfa_ms")
+    log.info('%s %s "%s %s" %s bytes=%d status_ms=%s ttfa_ms=%s ttfb_ms=%s total_ms=%.0f %s',
+             request_id, client, method, path, status or "-", sent_bytes, _ms(start, t0),
+             "-" if ttfa is None else f"{ttfa:.0f}", _ms(first_byte, t0), (end - t0) * 1000, extra)
 
 
 class AccessLogMiddleware:
@@ -65,11 +77,6 @@ class AccessLogMiddleware:
                                 "headers": [(b"content-type", b"application/json")]})
             await send_wrapper({"type": "http.response.body", "body": error.body()})
         finally:
-            end = time.perf_counter()
             client = scope.get("client") or ("-", 0)
-            extra = " ".join(f"{k}={v}" for k, v in access.items() if k != "ttfa_ms")
-            ttfa = access.get("ttfa_ms")
-            log.info('%s %s "%s %s" %s bytes=%d status_ms=%s ttfa_ms=%s ttfb_ms=%s total_ms=%.0f %s',
-                     request_id, client[0], scope.get("method"), scope.get("path"), marks["status"] or "-",
-                     marks["bytes"], _ms(marks["start"], t0), "-" if ttfa is None else f"{ttfa:.0f}",
-                     _ms(marks["first_byte"], t0), (end - t0) * 1000, extra)
+            log_request(request_id, client[0], scope.get("method"), scope.get("path"), marks["status"],
+                        marks["bytes"], t0, marks["start"], marks["first_byte"], time.perf_counter(), access)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from omni_backend.adapters.base import Param
+from omni_backend.families import openai_default_pipeline
 
 log = logging.getLogger("omni.speech_api")
 
@@ -142,9 +143,10 @@ def entry_pipeline_name(model_name: str, config: dict[str, Any]) -> str | None:
 class Catalog:
     """Pipelines seen on any Triton endpoint, plus the OpenAI model aliases."""
 
-    def __init__(self, default_pipeline: str = "hibari",
+    def __init__(self, default_pipeline: str | None = None,
                  describe: Callable[[str, str | None], PipelineInfo] = describe_pipeline):
-        self.default_pipeline = default_pipeline
+        """`default_pipeline`: behind OpenAI's model names; None: the one a family declares."""
+        self.default_pipeline = default_pipeline or openai_default_pipeline()
         self._describe = describe
         self._pipelines: dict[str, PipelineInfo] = {}
         # Pipelines some endpoint serves, or served when it was last reachable (the pool keeps

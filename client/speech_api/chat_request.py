@@ -11,7 +11,7 @@ sampling). Every problem is a 400 naming the field in the request's own terms
 Every OpenAI field either works or is refused by name: fields that ask for something a chat
 pipeline here cannot do (`n` > 1, `tools`, `logprobs`, `stop`, a JSON `response_format`, ...)
 are accepted only with their neutral value. Keys OpenAI does not define are the pipeline's own
-parameters (`top_k`, `repetition_penalty`, `talker_*`, ...), checked against its catalog.
+parameters (`top_k`, `repetition_penalty`, a stage's own prefixed ones, ...), checked against its catalog.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from client.speech_api.catalog import OPENAI_VOICES, PipelineInfo
 from client.speech_api.errors import ApiError, invalid_request
-from client.speech_api.request import _FIELD_NAME, _check_field, _clean
+from client.speech_api.field_checks import FIELD_NAME, check_param, clean_string
 from omni_backend.adapters.base import shown
 
 # audio.format -> our encoder (client/speech_api/encoders); pcm16 is OpenAI's name for 24 kHz s16le.
@@ -182,7 +182,7 @@ def _content(value: Any, where: str, media: bool) -> str | list[dict[str, Any]]:
     server fetches when its operator allowed the host: client/speech_api/media_fetch.py); the
     pipeline decodes them and names what it cannot read."""
     if isinstance(value, str):
-        return _clean(where, value)
+        return clean_string(where, value)
     if not isinstance(value, list) or not value:
         raise invalid_request(where, f"{where}: must be a string or a non-empty list of content parts")
     parts = []
@@ -206,7 +206,7 @@ def _content(value: Any, where: str, media: bool) -> str | list[dict[str, Any]]:
             raise invalid_request(at, f"{at}: unknown key(s) {', '.join(sorted(map(str, extra)))}")
         if not isinstance(part.get("text"), str):
             raise invalid_request(f"{at}.text", f"{at}.text: must be a string")
-        parts.append({"type": "text", "text": _clean(f"{at}.text", part["text"])})
+        parts.append({"type": "text", "text": clean_string(f"{at}.text", part["text"])})
     return parts
 
 
@@ -220,7 +220,7 @@ def _input_audio(part: dict, at: str) -> dict[str, Any]:
                                                    "audio, \"format\": \"wav\" | \"mp3\" | ...}")
     for key in spec:
         if key not in ("data", "format"):
-            name = f"{at}.input_audio.{key}" if isinstance(key, str) and _FIELD_NAME.fullmatch(key) else f"{at}.input_audio"
+            name = f"{at}.input_audio.{key}" if isinstance(key, str) and FIELD_NAME.fullmatch(key) else f"{at}.input_audio"
             raise invalid_request(name, f"{name}: unknown key (input_audio takes data and format)")
     if not isinstance(spec.get("data"), str):
         raise invalid_request(f"{at}.input_audio.data", f"{at}.input_audio.data: must be base64 audio",
@@ -241,7 +241,7 @@ def _image_url(part: dict, at: str) -> dict[str, Any]:
         raise invalid_request(f"{at}.image_url", f"{at}.image_url: must be an object {{\"url\": ...}}")
     for key in spec:
         if key not in ("url", "detail"):
-            name = f"{at}.image_url.{key}" if isinstance(key, str) and _FIELD_NAME.fullmatch(key) else f"{at}.image_url"
+            name = f"{at}.image_url.{key}" if isinstance(key, str) and FIELD_NAME.fullmatch(key) else f"{at}.image_url"
             raise invalid_request(name, f"{name}: unknown key (image_url takes url and detail)")
     if not isinstance(spec.get("url"), str) or not spec["url"].strip():
         raise invalid_request(f"{at}.image_url.url", f"{at}.image_url.url: must be a data URL or an http(s) URL",
@@ -269,7 +269,7 @@ def _message(value: Any, i: int, transcripts: AudioTranscripts | None) -> dict[s
                                              if role == "assistant" else set())
     for key in value:
         if key not in allowed:
-            name = f"{where}.{key}" if isinstance(key, str) and _FIELD_NAME.fullmatch(key) else where
+            name = f"{where}.{key}" if isinstance(key, str) and FIELD_NAME.fullmatch(key) else where
             raise invalid_request(name, f"{name}: not supported in a {role} message", code="unsupported_parameter")
     for key in ("tool_calls", "function_call", "refusal"):
         if value.get(key) not in (None, []):
@@ -340,7 +340,7 @@ def _audio(body: dict) -> tuple[str, str]:
     if fmt not in AUDIO_FORMATS:
         raise invalid_request("audio.format", f"audio.format: unknown value {shown(fmt)}; use one of "
                                               f"{', '.join(AUDIO_FORMATS)}")
-    return _clean("audio.voice", voice.strip()), fmt
+    return clean_string("audio.voice", voice.strip()), fmt
 
 
 def parse_chat_body(body: Any, transcripts: AudioTranscripts | None = None) -> ChatRequest:
@@ -355,7 +355,7 @@ def parse_chat_body(body: Any, transcripts: AudioTranscripts | None = None) -> C
             ok, why = NEUTRAL_FIELDS[key]
             if not ok(value):
                 raise invalid_request(key, f"{key}: {why}", code="unsupported_parameter")
-        elif _FIELD_NAME.fullmatch(key):
+        elif FIELD_NAME.fullmatch(key):
             extensions[key] = value     # a pipeline parameter, or a 400 once the pipeline is known
         else:   # a key that is no name (a surrogate, 10 kB, spaces) is not echoed as `param`
             raise invalid_request(None, f"unknown field {shown(key)}", code="unknown_parameter")
@@ -375,7 +375,7 @@ def parse_chat_body(body: Any, transcripts: AudioTranscripts | None = None) -> C
                                             f"got {shown(modalities)}")
     if "text" not in modalities:
         raise invalid_request("modalities", "modalities: audio comes with its text; use [\"text\", \"audio\"]")
-    req = ChatRequest(model=_clean("model", model.strip()), history=history, text=text,
+    req = ChatRequest(model=clean_string("model", model.strip()), history=history, text=text,
                       audio="audio" in modalities, stream=_bool(body, "stream"), parts=parts)
     if req.audio:
         req.voice, req.audio_format = _audio(body)
@@ -443,7 +443,7 @@ def build_chat_params(req: ChatRequest, info: PipelineInfo) -> ChatTritonRequest
         if not info.accepts(name):
             raise invalid_request(field, f"{field}: not supported by model '{info.name}'",
                                   code="unsupported_parameter")
-        params[name] = _check_field(info, name, value, field=field)
+        params[name] = check_param(info, name, value, field=field)
         fields[name] = field
 
     history = list(req.history)

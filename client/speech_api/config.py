@@ -25,7 +25,7 @@ class ShimConfig:
     resolve_interval_s: float = 5.0         # how often those names are resolved again
     api_keys: tuple[str, ...] = ()
     max_streams_per_pipeline: int = 0       # 0: no limit in the shim (Triton still has its own)
-    default_pipeline: str = "hibari"        # what tts-1, tts-1-hd and gpt-4o-mini-tts mean
+    default_pipeline: str | None = None     # what tts-1, tts-1-hd and gpt-4o-mini-tts mean (None: the declared one)
     probe_interval_s: float = 1.0
     retry_after_s: float = 1.0
     stream_limits: StreamLimits = field(default_factory=StreamLimits)

@@ -15,7 +15,9 @@ A new stream goes to the healthy endpoint serving its pipeline with the fewest a
 that is unreachable, lacks the model, or answers `unavailable` (at capacity, draining before a
 shutdown, restarting a pipeline) is skipped and the next one is tried, so a dead or stopping
 server costs a client nothing. After the first audio the stream stays where it is. A caller that
-names a `prefer`red endpoint (a WebSocket session's previous one) gets it while it can serve.
+names a `prefer`red endpoint (a WebSocket session's previous one) gets it while it can serve. A
+stream that takes its text while it runs (`open_text_stream`) goes to a healthy endpoint the same
+way but is not moved once open: its first audio may wait for text the client has not written.
 
 Endpoints come from `--triton` URLs and from `--triton-service` names (discovery.py), resolved
 again every `resolve_interval_s`: a new address joins (probed first), an address gone from the
@@ -40,6 +42,7 @@ from client.speech_api.catalog import Catalog, entry_pipeline_name
 from client.speech_api.discovery import TritonService
 from client.speech_api.errors import ApiError, from_triton, internal, no_backend
 from client.triton_stream import StreamPart, TritonStreamError, astream, astream_parts, next_watched
+from client.triton_text_stream import TextInputStream
 
 log = logging.getLogger("omni.speech_api")
 
@@ -159,6 +162,11 @@ class PoolStream:
         if self.first is None:
             return
         yield self.first
+        async for chunk in self._rest():
+            yield chunk
+
+    async def _rest(self) -> AsyncIterator[tuple[np.ndarray, int]]:
+        """What follows the first response."""
         it = self._source.__aiter__()
         try:
             while True:
@@ -182,6 +190,26 @@ class PoolStream:
             await self._source.aclose()
         finally:
             await self.endpoint.release(self.client)
+
+
+class PoolTextStream(PoolStream):
+    """A stream that takes its text while it runs (client/triton_text_stream.py): `append` more,
+    `end` it; no first response is waited for (it may need more text)."""
+
+    def __init__(self, endpoint: TritonEndpoint, client: Any, text: TextInputStream, first_piece: str,
+                 pipeline: str = "", watch_s: float = 0.5):
+        super().__init__(endpoint, client, text.start(first_piece), None, pipeline, watch_s)
+        self.text = text
+
+    async def chunks(self) -> AsyncIterator[tuple[np.ndarray, int]]:
+        async for chunk in self._rest():
+            yield chunk
+
+    async def append(self, text: str) -> None:
+        await self.text.append(text)
+
+    async def end(self) -> None:
+        await self.text.end()
 
 
 class TritonPool:
@@ -357,6 +385,21 @@ class TritonPool:
         if prefer in candidates:
             return prefer
         return min(candidates, key=lambda ep: (ep.active, ep.last_pick))
+
+    async def open_text_stream(self, pipeline: str, first_piece: str, params: dict[str, Any], request_id: str,
+                               prefer: TritonEndpoint | None = None) -> PoolTextStream:
+        """Start a stream that takes its text while it runs, with its first piece (`request_id`:
+        the stream's own, which its appends name)."""
+        ep = self.choose(pipeline, [], prefer)
+        if ep is None:   # all looked down: maybe one just came back
+            await self.probe_all()
+            ep = self.choose(pipeline, [], prefer)
+        if ep is None:
+            raise no_backend(f"No Triton endpoint can serve '{pipeline}' now", 1.0)
+        client = ep.acquire()
+        ep.last_pick = next(self._picks)
+        return PoolTextStream(ep, client, TextInputStream(client, pipeline, params, request_id), first_piece,
+                              pipeline, min(0.5, self.probe_interval_s))
 
     async def open_stream(self, pipeline: str, text: str, params: dict[str, Any],
                           request_id: str, parts: bool = False,

@@ -1,5 +1,5 @@
 """The body of `POST /v1/audio/speech`: OpenAI's fields, our extensions, the model's own
-parameters (any other key its catalog lists, e.g. VoxCPM2's `cfg_value`), and their checks.
+parameters (any other key its catalog lists, e.g. a guidance scale), and their checks.
 
 Validation happens in two steps. `parse_speech_body` checks the shape every request must have
 (types, ranges, known field names) without knowing the model. `build_triton_params` then checks
@@ -13,15 +13,14 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from client.speech_api.catalog import CLONE_FIELDS, OPENAI_VOICES, PipelineInfo
 from client.speech_api.errors import ApiError, invalid_request
+from client.speech_api.field_checks import FIELD_NAME, check_param, clean_string
 from client.speech_api.speed import SpeedPlan, plan_speed
-from omni_backend.adapters.base import check_string, shown
-from omni_backend.errors import InvalidRequest
+from omni_backend.adapters.base import shown
 
 MAX_INPUT_CHARS = 4096
 MAX_INSTRUCTIONS_CHARS = 4096
@@ -38,8 +37,6 @@ SHIM_FIELDS = ("stream",)
 EXTENSION_FIELDS = ("task_type", "language", "seed", "max_new_tokens", "initial_codec_chunk_frames",
                     "ref_audio", "ref_text", "x_vector_only_mode", "ignore_eos")
 MAX_REF_AUDIO_CHARS = 16 * 1024 * 1024
-# Body keys an error may name as its `param`.
-_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 # An extension may have another name in a pipeline's adapter; the first name it accepts is used.
 EXTENSION_PARAM_NAMES = {"initial_codec_chunk_frames": ("initial_codec_chunk_frames", "initial_chunk_frames")}
 
@@ -65,15 +62,6 @@ def _optional(body: dict, name: str) -> Any:
     return None if value is None else value
 
 
-def _clean(name: str, value: str) -> str:
-    """The entry model's string rule: a lone surrogate cannot even be encoded for Triton."""
-    try:
-        check_string(name, value)
-    except InvalidRequest as e:
-        raise invalid_request(name, str(e).removeprefix("invalid_request: ")) from None
-    return value
-
-
 def _string(body: dict, name: str, *, required: bool = False, max_len: int | None = None) -> str | None:
     value = _optional(body, name)
     if value is None:
@@ -85,7 +73,7 @@ def _string(body: dict, name: str, *, required: bool = False, max_len: int | Non
     if max_len is not None and len(value) > max_len:
         raise invalid_request(name, f"{name}: is {len(value)} characters; the limit is {max_len}",
                               code="string_above_max_length")
-    return _clean(name, value)
+    return clean_string(name, value)
 
 
 def _integer(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
@@ -134,7 +122,7 @@ def _voice(body: dict) -> str | None:
         raise invalid_request("voice", f"voice: must be a string or {{\"id\": ...}}, got {type(value).__name__}")
     if not value.strip():
         raise invalid_request("voice", "voice: is empty")
-    return _clean("voice", value.strip())
+    return clean_string("voice", value.strip())
 
 
 def _speed(body: dict) -> float:
@@ -172,7 +160,7 @@ def parse_speech_body(body: Any) -> SpeechRequest:
         raise invalid_request(None, "The request body must be a JSON object")
     unknown = [k for k in body if k not in OPENAI_FIELDS + SHIM_FIELDS + EXTENSION_FIELDS]
     for name in unknown:
-        if not _FIELD_NAME.fullmatch(name):
+        if not FIELD_NAME.fullmatch(name):
             # A key that is no name (a surrogate, 10 kB, spaces) is not echoed as `param`.
             allowed = ", ".join(OPENAI_FIELDS + SHIM_FIELDS + EXTENSION_FIELDS)
             raise invalid_request(None, f"unknown field {shown(name)}; allowed: {allowed} and the model's "
@@ -227,23 +215,6 @@ class TritonRequest:
     ignored: list[str] = field(default_factory=list)
 
 
-def _check_field(info: PipelineInfo, name: str, value: Any, field: str | None = None) -> Any:
-    """Run the adapter's own validator so the 400 comes before any audio is computed; the error
-    names the request's `field` (the OpenAI / extension name)."""
-    field = field or name
-    spec = (info.fields or {}).get(name)
-    if spec is None or spec.check is None:
-        return value
-    try:
-        return spec.check(value)
-    except Exception as e:  # InvalidRequest from the adapter: "invalid_request: <name>: ..."
-        detail = str(e)
-        for prefix in ("invalid_request: ", f"{name}: "):
-            if detail.startswith(prefix):
-                detail = detail[len(prefix):]
-        raise invalid_request(field, f"{field}: {detail}") from None
-
-
 def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any = None) -> TritonRequest:
     """Check the request against the resolved pipeline and produce Triton's PARAMS.
     ``registered``: an uploaded voice (``VoiceRegistry``) looked up by name; on a pipeline that
@@ -274,7 +245,7 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
             raise invalid_request(name, f"{name}: not supported by model '{info.name}'"
                                         f" (it accepts: {allowed or 'no extra fields'})",
                                   code="unsupported_parameter")
-        params[target] = _check_field(info, target, value, field=name)
+        params[target] = check_param(info, target, value, field=name)
 
     # OpenAI's stock voice names (alloy, nova, ...) mean "the model's default voice" unless the
     # model really has a voice of that name: the voice is then left out and the model decides.
@@ -295,7 +266,7 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
                 raise invalid_request("voice", f"voice: unknown voice {shown(req.voice)} for model "
                                                f"'{info.name}'; available: {', '.join(voice_spec.choices)}")
         elif not (stock and not voice_spec.choices):
-            params[voice_spec.name] = _check_field(info, voice_spec.name, req.voice, field="voice")
+            params[voice_spec.name] = check_param(info, voice_spec.name, req.voice, field="voice")
     elif not info.known:
         if not stock:
             params["voice"] = req.voice
@@ -312,11 +283,11 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
                                 + tuple(sorted(set(info.fields) - taken - set(EXTENSION_FIELDS))))
             raise invalid_request(name, f"{name}: unknown field for model '{info.name}'; allowed: {allowed}",
                                   code="unknown_parameter")
-        params[name] = _check_field(info, name, value)
+        params[name] = check_param(info, name, value)
 
     if req.instructions:
         if info.known and "instructions" in info.fields:
-            params["instructions"] = _check_field(info, "instructions", req.instructions)
+            params["instructions"] = check_param(info, "instructions", req.instructions)
         elif not info.known:
             params["instructions"] = req.instructions
         else:

@@ -111,7 +111,7 @@ async def list_voices(request: Request) -> JSONResponse:
     shim = _shim(request)
     registered = shim.voices.list()
     names = [v.name for v in registered]
-    model = request.query_params.get("model") or shim.config.default_pipeline
+    model = request.query_params.get("model") or shim.catalog.default_pipeline
     pipeline = await _resolve(request, model)
     info = shim.catalog.get(pipeline)
     every = {name: (p.voices + names if p.clones_voices else p.voices)

@@ -24,6 +24,11 @@ Triton only as fast as the client takes it (each send waits for the socket), and
 takes nothing for `send_timeout_s` is cut off, so a slow client never makes the server buffer
 without bound. A client that disconnects cancels whatever it started (the Triton streams end,
 their slots are freed).
+
+Each unit is admitted as an HTTP request is (admitted_stream.py): the pipeline's stream limit,
+the pool's choice of endpoint (the session's own while it can serve; before its first audio a
+unit moves off an endpoint that cannot take it), and one access-log line per unit (method `WS`,
+request id `ws-<session>-<n>`).
 """
 from __future__ import annotations
 
@@ -33,16 +38,18 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any
 
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from client.speech_api.access_log import log_request
+from client.speech_api.admitted_stream import AdmittedStream
 from client.speech_api.chat_request import refuse_chat_pipeline
 from client.speech_api.encoders import make_encoder
 from client.speech_api.encoders.base import pcm16
 from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
-from client.speech_api.request import _clean
+from client.speech_api.field_checks import clean_string
 from client.speech_api.resample import Resampler
 from client.speech_api.pool import TritonEndpoint
 from client.speech_api.speed import TimeStretch
@@ -157,31 +164,23 @@ class Utterance:
         sentence = self.sentences
         self.sentences += 1
         request = self.config.request
-        pool, limiter = self.session.shim.pool, self.session.shim.limiter
         await self._start_message(sentence, text)
-        total, stream, admitted = 0, None, False
+        admitted = self.session.admit(request)
+        spoken = SpokenUnit()
         try:
-            limiter.acquire(request.pipeline)
-            admitted = True
-            stream = await pool.open_stream(request.pipeline, text, request.params, self.session.request_id(),
-                                            prefer=self.session.home)
-            self.session.home = stream.endpoint
-            total = await self._send_audio(sentence, stream.chunks())
-            failed = False
+            await admitted.open(text, request.params, prefer=self.session.home)
+            self.session.home = admitted.stream.endpoint
+            await self._send_audio(sentence, admitted, spoken)
         except (ApiError, TritonStreamError) as e:
-            failed = True
-            await self.session.send_error(e if isinstance(e, ApiError) else from_triton(str(e)))
+            spoken.failed(e if isinstance(e, ApiError) else from_triton(str(e)), admitted.access)
+            await self.session.send_error(spoken.error)
         finally:
-            if stream is not None:
-                await stream.aclose()
-            if admitted:
-                limiter.release(request.pipeline)
-        await self._done_message(sentence, total, failed)
+            await admitted.close()
+            self.session.log_access(admitted, spoken)
+        await self._done_message(sentence, spoken.bytes, spoken.error is not None)
 
     # -- one request that takes the text as it arrives (append)
     async def _speak_appended(self) -> None:
-        from client.triton_text_stream import TextInputStream
-
         first = ""
         while not first.strip():
             piece = await self.queue.get()
@@ -191,39 +190,27 @@ class Utterance:
         if not first.strip():
             return   # an utterance without words: nothing to speak
         request = self.config.request
-        shim = self.session.shim
-        endpoint = shim.pool.choose(request.pipeline, [], self.session.home)
-        if endpoint is None:   # all looked down: maybe one just came back
-            await shim.pool.probe_all()
-            endpoint = shim.pool.choose(request.pipeline, [], self.session.home)
-        if endpoint is None:
-            await self.session.send_error(no_backend(f"No Triton endpoint can serve '{request.pipeline}' now", 1.0))
-            return
-        self.session.home = endpoint
         self.sentences = 1
         await self._start_message(0, first)
-        shim.limiter.acquire(request.pipeline)
-        client = endpoint.acquire()
-        stream = TextInputStream(client, request.pipeline, request.params, self.session.request_id())
-        chunks = stream.start(first)
-        feeder = asyncio.ensure_future(self._feed(stream))
-        total, failed = 0, False
+        admitted = self.session.admit(request)
+        spoken = SpokenUnit()
+        feeder = None
         try:
-            total = await self._send_audio(0, chunks)
+            stream = await admitted.open_text(first, request.params, prefer=self.session.home)
+            self.session.home = stream.endpoint
+            feeder = asyncio.ensure_future(self._feed(stream))
+            await self._send_audio(0, admitted, spoken)
             await feeder
         except (ApiError, TritonStreamError) as e:
-            failed = True
-            await self.session.send_error(e if isinstance(e, ApiError) else from_triton(str(e)))
+            spoken.failed(e if isinstance(e, ApiError) else from_triton(str(e)), admitted.access)
+            await self.session.send_error(spoken.error)
         finally:
-            if not feeder.done():
+            if feeder is not None and not feeder.done():
                 feeder.cancel()
                 await asyncio.gather(feeder, return_exceptions=True)
-            try:
-                await stream.aclose()
-            finally:
-                await endpoint.release(client)
-            shim.limiter.release(request.pipeline)
-        await self._done_message(0, total, failed, text=self.text)
+            await admitted.close()
+            self.session.log_access(admitted, spoken)
+        await self._done_message(0, spoken.bytes, spoken.error is not None, text=self.text)
 
     async def _feed(self, stream) -> None:
         """Pieces to Triton in order; those that arrive while one is on its way go together."""
@@ -251,23 +238,47 @@ class Utterance:
             message["sentence_text"] = text
         await self.session.send_json(message)
 
-    async def _send_audio(self, sentence: int, chunks: AsyncIterator[tuple[np.ndarray, int]]) -> int:
-        pipe, total, chunk_id = None, 0, 0
+    async def _send_audio(self, sentence: int, admitted: AdmittedStream, spoken: "SpokenUnit") -> None:
+        pipe, chunk_id = None, 0
         loop = asyncio.get_running_loop()
-        async for audio, rate in chunks:
+        assert admitted.stream is not None
+        async for audio, rate in admitted.stream.chunks():
             if pipe is None:
                 pipe = AudioPipe(self.config, rate)
+                admitted.sample_rate = rate
+                admitted.access.setdefault("ttfa_ms", (time.perf_counter() - spoken.t0) * 1000.0)
+            admitted.audio_samples += audio.size
             data = await loop.run_in_executor(None, pipe.push, audio)
             if data:
                 await self.session.send_audio(self.config, data, self.index, sentence, chunk_id, pipe.out_rate)
+                spoken.sent(len(data))
                 chunk_id += 1
-                total += len(data)
         if pipe is not None:
             data = await loop.run_in_executor(None, pipe.finish)
             if data:
                 await self.session.send_audio(self.config, data, self.index, sentence, chunk_id, pipe.out_rate)
-                total += len(data)
-        return total
+                spoken.sent(len(data))
+        admitted.finished()
+
+
+class SpokenUnit:
+    """What one unit's stream sent the client, for its access-log line."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.bytes = 0
+        self.first_byte: float | None = None
+        self.error: ApiError | None = None
+
+    def sent(self, size: int) -> None:
+        if self.first_byte is None:
+            self.first_byte = time.perf_counter()
+        self.bytes += size
+
+    def failed(self, error: ApiError, access: dict[str, Any]) -> None:
+        self.error = error
+        access["error"] = error.code
+        access["outcome"] = f"error {error.status}"
 
 
 class SpeechStreamSession:
@@ -298,6 +309,18 @@ class SpeechStreamSession:
     def request_id(self) -> str:
         self._requests += 1
         return f"ws-{self.session_id}-{self._requests}"
+
+    def admit(self, request: Any) -> AdmittedStream:
+        """The next unit's stream, under the pipeline's admission (not opened yet)."""
+        access = {"model": request.pipeline, "format": self.config.response_format, "stream": "ws",
+                  "split": self.config.split}
+        return AdmittedStream(self.shim.pool, self.shim.limiter, request.pipeline, self.request_id(), access)
+
+    def log_access(self, admitted: AdmittedStream, spoken: SpokenUnit) -> None:
+        client = self.ws.client.host if self.ws.client else "-"
+        status = spoken.error.status if spoken.error is not None else 200
+        log_request(admitted.request_id, client, "WS", self.ws.url.path, status, spoken.bytes, spoken.t0,
+                    None, spoken.first_byte, time.perf_counter(), admitted.access)
 
     # -- sending (one message at a time; each waits for the socket, bounded by send_timeout_s)
     async def _send(self, message: dict) -> None:
@@ -444,7 +467,7 @@ class SpeechStreamSession:
             if not text:
                 return True
             try:   # a lone surrogate or NUL cannot reach Triton (or go back in audio.start)
-                _clean("text", text)
+                clean_string("text", text)
             except ApiError as e:
                 await self.send_error(e)
                 return True

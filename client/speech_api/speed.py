@@ -1,8 +1,8 @@
 """OpenAI's `speed` (0.25..4.0): the model's own control where it has one, else a time-stretch.
 
-A pipeline whose adapter has a `speed` field (hibari: 0.5..2.0) gets the requested speed clamped
-to its range; whatever is left (0.25 -> 0.5 native x 0.5 stretched; 4.0 -> 2.0 native x 2.0
-stretched) is done here by `TimeStretch`, which changes duration but keeps pitch. A pipeline
+A pipeline whose adapter has a `speed` field (e.g. 0.5..2.0) gets the requested speed clamped
+to its range; whatever is left (there: 0.25 -> 0.5 native x 0.5 stretched; 4.0 -> 2.0 native x
+2.0 stretched) is done here by `TimeStretch`, which changes duration but keeps pitch. A pipeline
 without a speed control is stretched for the whole factor.
 """
 from __future__ import annotations

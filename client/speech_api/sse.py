@@ -14,8 +14,8 @@ from typing import Any
 
 CONTENT_TYPE = "text/event-stream"
 # Usage is reported in the units OpenAI uses: input_tokens approximates text tokens (words and
-# punctuation marks), output_tokens counts audio frames at 12.5 per second (the codec frame
-# rate of the Qwen3-TTS family), so both grow with the work a request costs.
+# punctuation marks), output_tokens counts audio frames at 12.5 per second (a 12.5 Hz codec's
+# frame rate), so both grow with the work a request costs.
 AUDIO_TOKENS_PER_SECOND = 12.5
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 

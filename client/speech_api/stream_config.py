@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from client.speech_api.errors import ApiError, invalid_request
-from client.speech_api.request import RESPONSE_FORMATS, TritonRequest, _check_field, build_triton_params, parse_speech_body
+from client.speech_api.field_checks import check_param
+from client.speech_api.request import RESPONSE_FORMATS, TritonRequest, build_triton_params, parse_speech_body
 from client.speech_api.text_splitter import GRANULARITIES
 from omni_backend.adapters.base import shown
 
@@ -104,7 +105,7 @@ def parse_session_config(msg: dict[str, Any], resolve, catalog, voices) -> Sessi
     for name, value in sampling.items():
         if not info.accepts(name):
             raise invalid_request(name, f"{name}: not supported by model '{info.name}'", code="unsupported_parameter")
-        request.params[name] = _check_field(info, name, value)
+        request.params[name] = check_param(info, name, value)
     if split == "append":
         if not (info.known and info.accepts(STREAMING_INPUT)):
             raise invalid_request("split_granularity", f"split_granularity: append needs a model that reads text "

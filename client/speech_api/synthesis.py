@@ -62,7 +62,7 @@ class SpeechSynthesis(AdmittedStream):
         self._finished = True
 
     def _slices(self, audio: np.ndarray, rate: int) -> list[np.ndarray]:
-        """A long chunk (hibari sends a sentence at a time) is encoded in slices, the very first
+        """A long chunk (a pipeline may send a sentence at a time) is encoded in slices, the very first
         one short, so the first bytes leave after milliseconds of encoding, not a sentence's."""
         first = int(rate * FIRST_SLICE_S) if self.audio_samples == 0 else 0
         step = int(rate * SLICE_S)

@@ -6,7 +6,7 @@ bytes as uploaded and ``voice.json``), written to a temporary folder and renamed
 the registry survives restarts and never holds half a voice. A speech request whose `voice` is a
 registered name, on a pipeline that clones voices, sends the stored recording as `ref_audio` (and
 its transcript as `ref_text`; without a transcript the clone uses the speaker embedding only).
-Triton's talker stage caches the encoded recording by its hash, so a voice is encoded once.
+The pipeline's stage that encodes recordings caches them by their hash, so a voice is encoded once.
 """
 from __future__ import annotations
 

@@ -16,9 +16,11 @@ Why a worker process, and this one:
 * Isolation. vLLM cannot live in the project's environment (it needs numpy >= 2, transformers 5
   and an older fastapi), so it has its own venv (``.venv-vllm``, ``make vllm``) and runs
   ``vllm_worker.py`` with that python. A crash of vLLM (a segfault in a kernel, an OOM kill, a
-  broken engine) kills only the worker: every open stream ends with ``unavailable: ...`` and this
-  class starts a new worker by itself (backoff 0.5 s doubling to ``max_backoff_s``), while the
-  Triton stage stays loaded.
+  broken engine) kills only the worker: every open stream ends with ``unavailable: ...``, the
+  engine takes no more requests and tells its owner (``on_worker_exit``), who starts a new one. A
+  served stage exits then and the supervisor reloads it with a fresh worker: one mechanism for
+  every dead stage, and readiness is false meanwhile, so clients go elsewhere instead of
+  reaching a stage that answers ``unavailable`` while a worker restarts behind it.
 * Start-up. The worker hosts vLLM's engine core in its own process
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``uni`` executor): measured here 3-4 s to build the
   engine after a ~7 s import, against ~19 s when vLLM starts its own engine-core and worker
@@ -213,13 +215,12 @@ class VLLMEngine:
     def __init__(self, model_path: str | Path, options: dict[str, Any], eos_token_ids: Iterable[int],
                  python: str | Path | None = None, *, default_params: Optional[SamplingParams] = None,
                  on_worker_exit: Optional[Callable[[str], None]] = None, start_timeout_s: float = 300.0,
-                 hang_timeout_s: float = 60.0, ping_interval_s: float = 1.0, max_backoff_s: float = 10.0,
-                 stop_grace_s: float = 3.0) -> None:
+                 hang_timeout_s: float = 60.0, ping_interval_s: float = 1.0, stop_grace_s: float = 3.0) -> None:
         """``options``: :data:`OPTION_KEYS` (see :func:`engine_options` for a deploy stage).
         ``on_worker_exit(reason)`` is called when a started worker is lost, after its streams
-        have ended (a stage may rather exit and be reloaded than wait for the restart).
+        have ended; the engine then refuses requests for good (a stage exits and is reloaded).
         ``hang_timeout_s``: a worker silent for this long (no step output, no answer to the
-        pings sent every ``ping_interval_s`` when the line is quiet) is killed and restarted; it
+        pings sent every ``ping_interval_s`` when the line is quiet) is killed and lost; it
         must exceed the longest single engine step (a long prefill of a big model)."""
         unknown = sorted(set(options) - set(OPTION_KEYS))
         if unknown:
@@ -243,7 +244,6 @@ class VLLMEngine:
         self.start_timeout_s = start_timeout_s
         self.hang_timeout_s = hang_timeout_s
         self.ping_interval_s = ping_interval_s
-        self.max_backoff_s = max_backoff_s
         self.stop_grace_s = stop_grace_s
 
         self._lock = threading.Lock()
@@ -253,27 +253,25 @@ class VLLMEngine:
         self._worker: Optional[_Worker] = None
         self._ready = False
         self._closed = False
-        self._wake = threading.Event()     # interrupts the restart backoff on close()
-        self._supervisor: Optional[threading.Thread] = None
-        self.restarts = 0
+        self._reader: Optional[threading.Thread] = None
         self.worker_info: dict[str, Any] = {}
 
     # -- life cycle
     def start(self) -> None:
         """Start the worker and block until it has loaded the model (``VLLMWorkerError`` with the
         worker's last output lines if it fails or takes longer than ``start_timeout_s``)."""
-        if self._supervisor is not None:
+        if self._reader is not None:
             return
         if self._closed:
             raise EngineClosedError("the engine is closed")
         worker = self._launch(lambda: self._closed)
         self._install(worker)
-        self._supervisor = threading.Thread(target=self._supervise, name="vllm-engine", daemon=True)
-        self._supervisor.start()
+        self._reader = threading.Thread(target=self._read_worker, args=(worker,), name="vllm-engine", daemon=True)
+        self._reader.start()
 
     @property
     def ready(self) -> bool:
-        """A worker is up and takes requests (False while it restarts, and after close())."""
+        """A worker is up and takes requests (False once it is lost, and after close())."""
         return self._ready
 
     def close(self, timeout: float = 10.0) -> None:
@@ -282,11 +280,10 @@ class VLLMEngine:
             self._closed = True
             self._ready = False
             worker = self._worker
-        self._wake.set()
         if worker is not None:
             worker.terminate(self.stop_grace_s)     # the reader sees EOF and ends
-        if self._supervisor is not None:
-            self._supervisor.join(timeout)
+        if self._reader is not None:
+            self._reader.join(timeout)
         if worker is not None:
             worker.release()
         with self._lock:
@@ -447,33 +444,11 @@ class VLLMEngine:
             self._worker = worker
             self._ready = not self._closed
 
-    def _supervise(self) -> None:
-        """Serve the worker's messages; when it is lost, fail the open streams and start another."""
-        backoff = 0.5
-        while not self._closed:
-            worker = self._worker
-            assert worker is not None
-            reason = self._serve(worker)
-            if self._closed:
-                return
+    def _read_worker(self, worker: _Worker) -> None:
+        """Serve the worker's messages; when it is lost, fail the open streams and tell the owner."""
+        reason = self._serve(worker)
+        if not self._closed:
             self._lose(worker, reason)
-            while not self._closed:
-                self._wake.wait(backoff)
-                if self._closed:
-                    return
-                try:
-                    worker = self._launch(lambda: self._closed)
-                except VLLMWorkerError as exc:
-                    logger.error("restarting the vLLM worker failed (next try in %.1f s): %s",
-                                 min(backoff * 2, self.max_backoff_s), exc)
-                    backoff = min(backoff * 2, self.max_backoff_s)
-                    continue
-                self.restarts += 1
-                self._install(worker)
-                if self._closed:
-                    worker.stop(self.stop_grace_s)
-                backoff = 0.5
-                break
 
     def _serve(self, worker: _Worker) -> str:
         """Read the worker's messages until it is lost; returns why."""
@@ -510,8 +485,7 @@ class VLLMEngine:
         with self._lock:
             self._ready = False
             requests, self._requests = list(self._requests.values()), {}
-        logger.error("vLLM worker %d %s; failing %d open streams and restarting it", worker.proc.pid, reason,
-                     len(requests))
+        logger.error("vLLM worker %d %s; failing %d open streams", worker.proc.pid, reason, len(requests))
         worker.stop(0.0 if worker.proc.poll() is None else self.stop_grace_s)   # a hung one gets SIGKILL at once
         self._fail_waiters()
         for request in requests:

@@ -4,7 +4,7 @@ A stub whose event loop has not run for a few seconds is stuck only if it could 
 starved host every loop is late, and a healthy stub can also sleep while it waits on tritonserver
 (the 2.51 Python backend's `Metric.set` keeps the GIL while it waits for the server's answer, so a
 starved server stops the stub's loop with no thread of the stub wanting a CPU; what the loop's
-thread waits in tells that from a deadlock: `omni_backend.supervisor.stubs.thread_wait`).
+thread waits in tells that from a deadlock: `omni_backend.stubs.server_stubs.thread_wait`).
 Linux's pressure stall information (/proc/pressure/cpu) counts the time during which some task
 waited for a CPU; sampled every check, it gives that share for any recent window. Without it
 (kernels built or booted without PSI) the run queue stands in: each sample of /proc/stat's

@@ -35,12 +35,13 @@ import time
 from dataclasses import dataclass, field
 
 from omni_backend.glibc_heaps import bound_malloc_retention, freeze_loaded_objects, release_free_memory_every
-from omni_backend.supervisor import server_output, stubs
+from omni_backend.stubs import server_stubs as stubs
+from omni_backend.stubs import stub_process
+from omni_backend.stubs.unhealthy_stub import kill_unhealthy_stub
+from omni_backend.supervisor import server_binary, server_output
 from omni_backend.supervisor.cpu_pressure import CpuPressure
 from omni_backend.supervisor.options import SHUTDOWN_CONTROL_SECS, SupervisorOptions
 from omni_backend.supervisor.triton_control import PingFailed, Pipeline, TritonControl
-from omni_backend.triton import server_binary, stub_process
-from omni_backend.triton.unhealthy_stub import kill_unhealthy_stub
 
 log = logging.getLogger("omni.supervisor")
 PR_SET_PDEATHSIG = 1
@@ -505,7 +506,7 @@ class Supervisor:
         except PingFailed as failure:
             # Triton gave up on a stub ("not healthy": the entry's, or a stage's the entry relays)
             # and freed the call: the stub must not run again to take it
-            # (omni_backend/triton/unhealthy_stub.py)
+            # (omni_backend/stubs/unhealthy_stub.py)
             model = failure.model or state.pipeline.name
             killed = kill_unhealthy_stub(str(failure), model, called_at, self.proc.pid)
             if killed and not state.healing:

@@ -13,7 +13,7 @@ import tritonclient.grpc.aio as grpcaio
 
 from omni_backend.errors import with_code
 from omni_backend.grpc_streams import end_stream
-from omni_backend.triton.metric_families import ACTIVE_STREAMS
+from omni_backend.metric_families import ACTIVE_STREAMS
 
 
 @dataclass

@@ -32,7 +32,7 @@ import triton_python_backend_utils as pb_utils
 from omni_backend.errors import PipelineError
 from omni_backend.families import built_model
 from omni_backend.glibc_heaps import freeze_loaded_objects, release_free_memory_in_background
-from omni_backend.triton import stub_process
+from omni_backend.stubs import stub_process
 
 Inputs = dict[str, np.ndarray]
 

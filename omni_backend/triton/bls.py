@@ -18,11 +18,11 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import PipelineError, error_code, with_code
-from omni_backend.supervisor.stubs import since_boot
+from omni_backend.stubs.server_stubs import since_boot
 from omni_backend.triton.decoupled import bytes_tensor
 from omni_backend.triton.stage_liveness import StageLiveness
 from omni_backend.triton.stream_waits import drop_result
-from omni_backend.triton.unhealthy_stub import kill_unhealthy_stub
+from omni_backend.stubs.unhealthy_stub import kill_unhealthy_stub
 
 
 class StageFailed(PipelineError):
@@ -33,7 +33,7 @@ class StageFailed(PipelineError):
     def of(cls, response, model_name: str, called_at: float) -> "StageFailed":
         """The error of a stage's answer to a call made at `called_at` (stubs.since_boot()). A stub
         Triton gave up on as "not healthy" is killed first, before it runs again and takes the
-        call Triton has freed (omni_backend/triton/unhealthy_stub.py)."""
+        call Triton has freed (omni_backend/stubs/unhealthy_stub.py)."""
         message = response.error().message()
         killed = kill_unhealthy_stub(message, model_name, called_at)
         if killed:

@@ -33,7 +33,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.errors import Cancelled, InvalidRequest, PipelineError, Unavailable
 from omni_backend.glibc_heaps import freeze_loaded_objects, release_free_memory_in_background
-from omni_backend.triton import stub_process
+from omni_backend.stubs import stub_process
 from omni_backend.triton.response_thread import ResponseThread
 from omni_backend.triton.stream_waits import watched
 from omni_backend.triton.worker_threads import DaemonThreadPool

@@ -34,12 +34,14 @@ from omni_backend.errors import InvalidRequest, Unavailable
 from omni_backend.families import built_model, import_path
 from omni_backend.pipeline import StageConfig, TensorSpec
 from omni_backend.playback import Playback
+from omni_backend.triton.bls import call_stage, ping_stage
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.metrics import PipelineMetrics
 from omni_backend.triton.stage_liveness import StageLiveness
+from omni_backend.triton.stream_broadcast import Broadcast
 from omni_backend.triton.stream_waits import in_arrival_order
 from omni_backend.triton.text_input import STREAMING_INPUT, TextInputs
-from omni_backend.triton.transfer import Broadcast, Outputs, StageCall, ping
+from omni_backend.triton.transfer import Outputs, StageCall, stage_tensor
 
 STAGE_PING_TIMEOUT_S = 2.5   # under the supervisor's own 3 s, so the answer names the stage
 
@@ -62,6 +64,8 @@ INLINE_VALIDATION_BYTES = 64 * 1024
 
 
 class PipelineEntry(DecoupledModel):
+    """Implements StageHost (omni_backend/triton/stage_host.py) for its transfers and text inputs."""
+
     def setup(self) -> None:
         built = built_model(self.parameters, self.model_name)
         self.pipeline, self.deploy, self.model_path = built.pipeline, built.deploy, built.model_path
@@ -102,11 +106,20 @@ class PipelineEntry(DecoupledModel):
         if command != "ping":
             return await super().control(request, command)
         rid = f"ping-{uuid.uuid4().hex[:12]}"
-        checks = [self.liveness.check(self.pipeline.stage_model_name(stage), ping(self, stage, rid),
+        checks = [self.liveness.check(self.pipeline.stage_model_name(stage), self.ping_stage(stage, rid),
                                       STAGE_PING_TIMEOUT_S) for stage in self.pipeline.stages]
         for result in await asyncio.gather(*checks, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
+
+    async def ping_stage(self, stage: StageConfig, request_id: str) -> None:
+        """Whether a stage answers: CONTROL=ping to a stream stage, empty inputs to a batched one."""
+        name = self.pipeline.stage_model_name(stage)
+        if stage.kind == "stream":
+            await self.run_blocking(ping_stage, name, request_id)
+            return
+        inputs = [stage_tensor(spec, spec.empty(batched=True)) for spec in stage.inputs]
+        await self.run_blocking(call_stage, name, inputs, [t.name for t in stage.outputs], request_id)
 
     def cancel_stream(self, request_id: str) -> None:
         """End the one open stream with this request id as its client's leaving would, by message:
@@ -148,7 +161,7 @@ class PipelineEntry(DecoupledModel):
         for stage in self.pipeline.stages:
             if stage.stage_id not in run:
                 continue
-            call = StageCall(self, ctx, stage)
+            call = StageCall(self, ctx, stage, self.pipeline.stage_model_name(stage))
             if stage.takes_request:
                 stream = call.stream(request=request)
                 ctx.request_streams.append(stream)

@@ -13,7 +13,7 @@ import ctypes
 
 import triton_python_backend_utils as pb_utils
 
-from omni_backend.triton.metric_families import ACTIVE_STREAMS, FAMILIES
+from omni_backend.metric_families import ACTIVE_STREAMS, FAMILIES
 
 TTFA_BUCKETS_MS = [10, 25, 50, 100, 200, 400, 800, 1600, 3200, 6400, 12800]
 

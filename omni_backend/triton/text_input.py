@@ -26,7 +26,7 @@ from omni_backend.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from omni_backend.triton.bls import StageStream
-    from omni_backend.triton.entry import PipelineEntry
+    from omni_backend.triton.stage_host import StageHost
 
 STREAMING_INPUT = "streaming_input"   # the request parameter of pipelines that read text as it arrives
 # An append sent on its own gRPC call may overtake the request that opens its stream: it waits this
@@ -92,8 +92,8 @@ def parse_stage_append(raw: bytes | None) -> tuple[str, bool]:
 class TextForwarder:
     """One stream's pieces, handed to its stages one at a time in arrival order."""
 
-    def __init__(self, entry: "PipelineEntry", targets: list["StageStream"]):
-        self.entry = entry
+    def __init__(self, host: "StageHost", targets: list["StageStream"]):
+        self.host = host
         self.targets = targets
         self.ended = False
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -119,7 +119,7 @@ class TextForwarder:
             try:
                 for target in self.targets:
                     await target.opened()
-                    await self.entry.run_blocking(append_stage_text, target.model_name, target.request_id,
+                    await self.host.run_blocking(append_stage_text, target.model_name, target.request_id,
                                                   piece, end)
             except Exception as e:  # the piece's own request answers with it
                 if not done.done():
@@ -141,8 +141,8 @@ class TextForwarder:
 class TextInputs:
     """An entry's streams that take text while they run, by the client's request id."""
 
-    def __init__(self, entry: "PipelineEntry"):
-        self.entry = entry
+    def __init__(self, host: "StageHost"):
+        self.host = host
         self.open: dict[str, TextForwarder] = {}
 
     def register(self, request_id: str, targets: list["StageStream"]) -> TextForwarder:
@@ -150,7 +150,7 @@ class TextInputs:
             raise InvalidRequest("request_id", f"{STREAMING_INPUT} needs a request id (text is appended by it)")
         if request_id in self.open:
             raise InvalidRequest("request_id", f"a stream with request id {request_id!r} is already taking text")
-        forwarder = self.open[request_id] = TextForwarder(self.entry, targets)
+        forwarder = self.open[request_id] = TextForwarder(self.host, targets)
         return forwarder
 
     async def unregister(self, request_id: str, forwarder: TextForwarder) -> None:

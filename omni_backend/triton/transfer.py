@@ -6,30 +6,30 @@ normalized request, the source stages' output streams and a `StageCall` for the 
 `run` yields is the fed stage's output stream. A transfer may open one stream on a stream stage
 and hand it the source's output chunk by chunk while it runs (`StageCall.append`: tokens or
 hidden states), or make many calls to a batched stage (codec windows); it
-awaits through `StageCall.wait` so a client that leaves stops it at once.
+awaits through `StageCall.wait` so a client that leaves stops it at once. A `StageCall` reaches
+the stages through its host (omni_backend/triton/stage_host.py), never through the entry itself.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import uuid
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import Any, AsyncIterator
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.deploy import DeployConfig
 from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
-from omni_backend.triton.bls import StageStream, append_stage_inputs, call_stage, ping_stage
+from omni_backend.triton.bls import StageStream, append_stage_inputs, call_stage
 from omni_backend.triton.decoupled import StreamContext, bytes_tensor
-
-if TYPE_CHECKING:
-    from omni_backend.triton.entry import PipelineEntry
+from omni_backend.triton.stage_host import StageHost
 
 Outputs = dict[str, np.ndarray]
 
 
-def _tensor(spec: TensorSpec, value: Any) -> "pb_utils.Tensor":
+def stage_tensor(spec: TensorSpec, value: Any) -> "pb_utils.Tensor":
+    """A value as the stage input `spec` declares it."""
     if spec.dtype == "STRING" and isinstance(value, (str, bytes)):
         return bytes_tensor(spec.name, value)
     return pb_utils.Tensor(spec.name, np.ascontiguousarray(value, dtype=spec.numpy_dtype))
@@ -39,11 +39,11 @@ class StageCall:
     """One client request's access to one stage: streams (stream stages), calls (batched
     stages), each named `<request id>-<n>` so its traces line up."""
 
-    def __init__(self, entry: "PipelineEntry", ctx: StreamContext, stage: StageConfig):
-        self.entry = entry
+    def __init__(self, host: StageHost, ctx: StreamContext, stage: StageConfig, model_name: str):
+        self.host = host
         self.ctx = ctx
         self.stage = stage
-        self.model_name = entry.pipeline.stage_model_name(stage)
+        self.model_name = model_name
         self.request_id = f"{ctx.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
         self._specs = {t.name: t for t in stage.inputs}
         self._calls = 0
@@ -52,7 +52,7 @@ class StageCall:
         unknown = set(tensors) - set(self._specs)
         if unknown:
             raise ValueError(f"{self.model_name} declares no inputs {sorted(unknown)}")
-        return [_tensor(self._specs[name], value) for name, value in tensors.items()]
+        return [stage_tensor(self._specs[name], value) for name, value in tensors.items()]
 
     def stream(self, tensors: dict[str, Any] | None = None, request: dict[str, Any] | None = None) -> StageStream:
         """Open a stream on a stream stage; closed with the client's request at the latest."""
@@ -61,8 +61,8 @@ class StageCall:
             inputs.append(bytes_tensor("REQUEST", json.dumps(request)))
         rid = self.request_id if self._calls == 0 else f"{self.request_id}-{self._calls}"
         self._calls += 1
-        stream = StageStream(self.entry.executor, self.model_name, rid, [*inputs, bytes_tensor("REQUEST_ID", rid)],
-                             [t.name for t in self.stage.outputs], self.entry.liveness)
+        stream = StageStream(self.host.executor, self.model_name, rid, [*inputs, bytes_tensor("REQUEST_ID", rid)],
+                             [t.name for t in self.stage.outputs], self.host.liveness)
         self.ctx.resources.append(stream)
         return stream
 
@@ -71,30 +71,20 @@ class StageCall:
         source ended). Await each append before the next: they arrive in order."""
         inputs = self._inputs(tensors)
         await self.wait(stream.opened())
-        await self.wait(self.entry.run_blocking(append_stage_inputs, self.model_name, stream.request_id, inputs, end))
+        await self.wait(self.host.run_blocking(append_stage_inputs, self.model_name, stream.request_id, inputs, end))
 
     async def call(self, tensors: dict[str, Any]) -> Outputs:
         """One request to a batched stage, one answer."""
         rid = f"{self.request_id}-w{self._calls}"
         self._calls += 1
-        out = await self.wait(self.entry.run_blocking(
+        out = await self.wait(self.host.run_blocking(
             call_stage, self.model_name, self._inputs(tensors), [t.name for t in self.stage.outputs], rid))
-        self.entry.liveness.answered(self.model_name)
+        self.host.liveness.answered(self.model_name)
         return out
 
     async def wait(self, awaitable):
         """Await while watching for the client going away (then Cancelled is raised)."""
-        return await self.entry.wait(self.ctx, awaitable)
-
-
-async def ping(entry: "PipelineEntry", stage: StageConfig, request_id: str) -> None:
-    """Whether a stage answers: CONTROL=ping to a stream stage, empty inputs to a batched one."""
-    name = entry.pipeline.stage_model_name(stage)
-    if stage.kind == "stream":
-        await entry.run_blocking(ping_stage, name, request_id)
-        return
-    inputs = [_tensor(spec, spec.empty(batched=True)) for spec in stage.inputs]
-    await entry.run_blocking(call_stage, name, inputs, [t.name for t in stage.outputs], request_id)
+        return await self.host.wait(self.ctx, awaitable)
 
 
 class Transfer:
@@ -150,48 +140,3 @@ class SourceReader:
         if not self._task.done():
             self._task.cancel()
             await asyncio.wait({self._task})
-
-
-class Broadcast:
-    """One stage's stream read by several consumers (stages it feeds, or the client too): each
-    tap sees every item; the source is read as fast as the fastest tap wants."""
-
-    def __init__(self, source: AsyncIterator[Outputs], taps: int):
-        self.source = source
-        self.queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(taps)]
-        self.task: asyncio.Task | None = None
-        self.handed = 0
-
-    async def _pump(self) -> None:
-        try:
-            async for item in self.source:
-                for q in self.queues:
-                    q.put_nowait(("item", item))
-            for q in self.queues:
-                q.put_nowait(("end", None))
-        except BaseException as e:   # every tap raises it
-            for q in self.queues:
-                q.put_nowait(("error", e))
-            if isinstance(e, asyncio.CancelledError):
-                raise
-
-    def tap(self) -> AsyncIterator[Outputs]:
-        queue = self.queues[self.handed]
-        self.handed += 1
-        return self._read(queue)
-
-    async def _read(self, queue: asyncio.Queue) -> AsyncIterator[Outputs]:
-        if self.task is None:
-            self.task = asyncio.ensure_future(self._pump())
-        while True:
-            kind, value = await queue.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            yield value
-
-    async def aclose(self) -> None:
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-            await asyncio.wait({self.task})

@@ -88,8 +88,8 @@ def run(args, python: str, stamp: str) -> str:
     from omni_backend.models.orpheus.sampling import stop_token_ids
     from omni_backend.models.orpheus.snac import load_snac
     from omni_backend.models.orpheus.tokens import CodeAssembler, OrpheusPrompt
-    from omni_backend.testing.orpheus_random import write_random_orpheus
-    from omni_backend.testing.snac_random import write_random_snac
+    from omni_backend.models.orpheus.random_checkpoint import write_random_orpheus
+    from omni_backend.models.orpheus.random_snac import write_random_snac
 
     dry = args.dry_run
     device, dtype = ("cpu", "float32") if dry else ("cuda", "bfloat16")

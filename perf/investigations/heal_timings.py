@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream
 from omni_backend.errors import error_code
-from omni_backend.supervisor import stubs
+from omni_backend.stubs import server_stubs as stubs
 from omni_backend.testing import long_streams
 
 QWEN = long_streams.QWEN

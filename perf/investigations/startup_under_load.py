@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 from client.triton_process import TritonProcess
-from omni_backend.supervisor import stubs
+from omni_backend.stubs import server_stubs as stubs
 from omni_backend.testing import busy_host
 
 

@@ -19,7 +19,7 @@ more calls and prints what each got (equal to the recorded answer, different, or
 whether the server is still alive. Exit status 1 when the server died or an answer differed.
 `--kill-unhealthy` kills the stub as soon as the paused call is answered "not healthy" (before the
 stub runs again) and reloads the model, as the entry and the supervisor do
-(omni_backend/triton/unhealthy_stub.py): the server should then live and answer exactly.
+(omni_backend/stubs/unhealthy_stub.py): the server should then live and answer exactly.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from client.triton_process import PlainTritonProcess
-from omni_backend.supervisor import stubs
+from omni_backend.stubs import server_stubs as stubs
 
 MODEL = "qwen3_tts_tiny_random__code2wav"
 GROUPS = 16   # the tiny checkpoint's code groups
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=2000, help="frames of the long decode paused in `during`")
     ap.add_argument("--kill-unhealthy", action="store_true",
                     help="kill the stub as soon as a call is answered 'not healthy' (before it runs again), "
-                         "then reload the model: what the entry does (omni_backend/triton/unhealthy_stub.py)")
+                         "then reload the model: what the entry does (omni_backend/stubs/unhealthy_stub.py)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="omni-desync-"))
     server = PlainTritonProcess(ROOT / "model_repository", log_path=work / "tritonserver.log",

@@ -133,7 +133,7 @@ def test_a_killed_vllm_worker_ends_streams_and_the_stage_recovers(orpheus_server
     """Runs last in this module (it reloads the pipeline): kill -9 of the vLLM worker mid-stream.
     Open streams end with `unavailable:` within 5 s, readiness turns false within 5 s, the
     supervisor reloads the stage (a fresh worker) and the pipeline serves again."""
-    from omni_backend.supervisor import stubs
+    from omni_backend.stubs import server_stubs as stubs
 
     lm = [s for s in stubs.stubs_of(orpheus_server.server_pid) if s.model == f"{VLLM}__lm"]
     assert len(lm) == 1

@@ -27,7 +27,7 @@ from client.speech_api.process import ShimProcess
 from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, astream, stream
 from omni_backend.errors import error_code
-from omni_backend.supervisor import stubs
+from omni_backend.stubs import server_stubs as stubs
 from omni_backend.testing import long_streams
 from tests.metrics_scrape import metric
 

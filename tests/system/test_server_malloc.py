@@ -9,8 +9,8 @@ import pytest
 
 from client.triton_process import TritonProcess
 from client.triton_stream import synthesize
-from omni_backend.supervisor import stubs
-from omni_backend.triton import server_malloc
+from omni_backend.stubs import server_stubs as stubs
+from omni_backend.supervisor import server_malloc
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -215,3 +215,61 @@ def test_probes_timing_out_on_a_busy_server_do_not_cut_its_streams(triton):
             await pool.close()
 
     asyncio.run(scenario())
+
+
+WS_CONFIG = {"model": "hibari", "voice": "heart", "response_format": "pcm", "split_granularity": "none"}
+
+
+def _ws_lines(shim: ShimProcess, start: int) -> list[str]:
+    return [ln for ln in shim.log_text()[start:].splitlines() if '"WS /v1/audio/speech/stream"' in ln]
+
+
+def _landed_on(line: str) -> str:
+    return line.split(" triton=")[1].split()[0]
+
+
+def test_a_websocket_utterance_is_admitted_logged_and_moves_off_its_dead_server(triton, second_triton, pair_shim):
+    """A WebSocket session's utterances go through the HTTP routes' admission: each gets an
+    access-log line (method WS), and when the session's server dies between two utterances the
+    next one is spoken by the other server."""
+    import asyncio
+
+    from client.speech_stream_client import SpeechStreamClient, ws_url
+
+    a, b = triton.grpc_url, second_triton.grpc_url
+    assert wait_for(lambda: all(h["healthy"] for h in health(pair_shim).values()), 15), health(pair_shim)
+    # idle servers take turns: once an HTTP request landed on `a`, the session's first utterance lands on `b`
+    for i in range(3):
+        speak_id = f"before-ws-{i}"
+        assert httpx.post(f"{pair_shim.url}/v1/audio/speech", json=SHORT, timeout=30,
+                          headers={"x-request-id": speak_id}).status_code == 200
+        line = wait_for(lambda: [ln for ln in pair_shim.log_text().splitlines() if speak_id in ln], 5)
+        assert line, pair_shim.log_tail()
+        if _landed_on(line[-1]) == a:
+            break
+    start = len(pair_shim.log_text())
+
+    async def scenario():
+        async with SpeechStreamClient(ws_url(pair_shim.url), WS_CONFIG) as session:
+            await session.send_text("The first utterance.")
+            first = await session.finish()
+            assert wait_for(lambda: len(_ws_lines(pair_shim, start)) == 1, 5), pair_shim.log_tail()
+            os.killpg(second_triton.proc.pid, signal.SIGKILL)   # the session's server
+            await session.send_text("The second utterance.")
+            second = await session.finish()
+            return first, second
+
+    try:
+        first, second = asyncio.run(scenario())
+        assert not first.errors and not second.errors, (first.errors, second.errors)
+        assert len(first.audio) > 10000 and len(second.audio) > 10000
+        lines = wait_for(lambda: _ws_lines(pair_shim, start) if len(_ws_lines(pair_shim, start)) == 2 else None, 5)
+        assert lines, pair_shim.log_tail()
+        for line in lines:
+            assert "access: ws-" in line and '"WS /v1/audio/speech/stream" 200' in line, line
+            assert "model=hibari" in line and "stream=ws" in line and "outcome=ok" in line, line
+            assert float(line.split("ttfa_ms=")[1].split()[0]) > 0 and "audio_s=" in line, line
+        assert [_landed_on(line) for line in lines] == [b, a], lines
+    finally:
+        second_triton.stop()
+        second_triton.start()

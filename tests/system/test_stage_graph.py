@@ -18,18 +18,18 @@ import pytest
 
 from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream, stream_parts, synthesize
-from omni_backend.supervisor import stubs
+from omni_backend.stubs import server_stubs as stubs
 from omni_backend.supervisor.cpu_pressure import CpuPressure
 from omni_backend.supervisor.options import SupervisorOptions
 from omni_backend.testing import busy_host
-from omni_backend.triton.stub_process import STALL_REPORT_S, WorkWatch
+from omni_backend.stubs.stub_process import STALL_REPORT_S, WorkWatch
 from tests.metrics_scrape import metric
 from tests.toy_family import PIPELINE, audio_of, build_repository, expected_audio, frames_of, text_pieces
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ("omni_backend/triton", "omni_backend/engine", "ensemble_builder", "omni_backend/families.py",
-          "omni_backend/pipeline.py")
+          "omni_backend/pipeline.py", "client/speech_api")
 
 
 def test_shared_layers_name_no_model_family():
@@ -283,7 +283,7 @@ def _ended_unavailable(server: TritonProcess, stage: str, hooks: dict, audio_onl
 def test_a_stage_whose_responses_stop_leaving_is_noticed_and_reloaded(tmp_path):
     """The writer's response thread blocks for good (tests/toy_family: `stall_responses_after`)
     while its event loop keeps running, so nothing it answers leaves. Its heartbeat stops once
-    responses have waited STALL_REPORT_S (omni_backend/triton/stub_process.py), the supervisor
+    responses have waited STALL_REPORT_S (omni_backend/stubs/stub_process.py), the supervisor
     reloads the pipeline when that beat is `stalled_secs` old beside fresh ones, the stream ends
     with `unavailable:` naming the writer, the stuck stub is gone and the pipeline serves again,
     exactly. (Pings alone do not heal it that soon: under overload a healthy stage can answer

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from client.triton_process import TritonProcess
-from omni_backend.supervisor import stubs
+from omni_backend.stubs import server_stubs as stubs
 
 pytestmark = pytest.mark.system
 
@@ -20,7 +20,7 @@ START_TIMEOUT_S = 20
 MODEL = textwrap.dedent('''
     from pathlib import Path
 
-    from omni_backend.triton import stub_process
+    from omni_backend.stubs import stub_process
 
     STARTED_ONCE = Path(__file__).with_name("started_once")
 

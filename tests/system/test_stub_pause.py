@@ -39,7 +39,7 @@ def test_a_stage_stub_answered_not_healthy_is_killed_before_it_runs_again(tmp_pa
 
     from client.triton_process import PlainTritonProcess
     from client.triton_stream import TritonStreamError, synthesize
-    from omni_backend.supervisor import stubs
+    from omni_backend.stubs import server_stubs as stubs
     from tests.toy_family import PIPELINE as pipeline
     from tests.toy_family import build_repository, expected_audio
 

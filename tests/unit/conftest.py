@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from omni_backend.supervisor import stubs
+from omni_backend.stubs import server_stubs as stubs
 from tests.requirement import require
 
 

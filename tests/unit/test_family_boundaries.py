@@ -13,7 +13,7 @@ MODELS = Path(__file__).resolve().parents[2] / "omni_backend" / "models"
 FAMILIES = sorted(p.name for p in MODELS.iterdir() if (p / "family.py").is_file())
 SHARED = sorted(p.name for p in MODELS.iterdir() if (p / "__init__.py").is_file() and p.name not in FAMILIES)
 # families whose built-in checkpoints are written by the family itself
-SELF_CONTAINED = ("qwen3_tts", "qwen3_omni")
+SELF_CONTAINED = ("qwen3_tts", "qwen3_omni", "orpheus", "voxcpm2", "hibari")
 
 
 def _imports(folder: Path) -> list[tuple[str, int, str]]:

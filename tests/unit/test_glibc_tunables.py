@@ -14,7 +14,7 @@ import pytest
 from client.service_process import free_port
 
 from omni_backend import glibc_heaps
-from omni_backend.triton import server_binary
+from omni_backend.supervisor import server_binary
 
 LOADER = "/lib64/ld-linux-x86-64.so.2"
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from client.speech_api.discovery import TritonService
 from client.speech_api.routes import router
 from omni_backend.families import pipelines
 from omni_backend.supervisor.options import GRPC_PORT, HTTP_PORT, LIVE_PATH, METRICS_PORT, READY_PATH, parse
-from omni_backend.triton.metric_families import ACTIVE_STREAMS, FAMILIES
+from omni_backend.metric_families import ACTIVE_STREAMS, FAMILIES
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

@@ -6,7 +6,8 @@ import importlib.util
 
 import pytest
 
-from omni_backend.families import family_module, get_pipeline, import_path, load_family, pipelines
+from omni_backend.families import (family_module, get_pipeline, import_path, load_family, openai_default_pipeline,
+                                   pipelines)
 from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
 
 AUDIO = (TensorSpec("AUDIO", "FP32", (-1,)),)
@@ -60,6 +61,14 @@ def test_invalid_graphs_are_rejected(stages, msg):
 def test_a_dag_with_fan_out_is_valid():
     stages = (_stage(0), _stage(1, sources=(0,)), _stage(2, final=True, sources=(0, 1)))
     PipelineConfig(name="dag", family="x", adapter="x.A", stages=stages, default_deploy="x").validate()
+
+
+def test_the_pipeline_behind_openais_model_names_is_declared_by_its_family():
+    """The speech API names no family: its default for tts-1 & co. is the declared one, which
+    needs no checkpoint from the user."""
+    assert openai_default_pipeline() == "hibari"
+    assert [n for n, p in pipelines().items() if p.openai_default] == ["hibari"]
+    assert get_pipeline("hibari").default_model is not None
 
 
 def test_a_family_declaring_a_known_pipeline_is_rejected(tmp_path, monkeypatch):

@@ -17,9 +17,9 @@ from omni_backend.engine import SamplingParams
 from omni_backend.models.qwen3_omni.checkpoint import load_checkpoint, load_thinker_embedding
 from omni_backend.models.qwen3_omni.window_plan import plan_window, plan_windows
 from omni_backend.models.qwen3_omni.prompt import TalkerInput
-from omni_backend.models.qwen3_omni.talker_runner import ThinkerAnswer, create_talker_engine
+from omni_backend.models.qwen3_omni.engines import create_talker_engine, create_thinker_engine
+from omni_backend.models.qwen3_omni.talker_runner import ThinkerAnswer
 from omni_backend.models.qwen3_omni.text_deltas import TextDeltas
-from omni_backend.models.qwen3_omni.thinker_runner import create_thinker_engine
 from tests.oracle.qwen3_omni_reference import job_messages
 from tests.qwen3_omni_fixtures import QWEN3_OMNI_JOBS, QWEN3_OMNI_SHAPES
 

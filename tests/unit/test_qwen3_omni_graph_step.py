@@ -20,9 +20,10 @@ from omni_backend.models.qwen3_omni.config import Qwen3OmniConfig
 from omni_backend.models.qwen3_omni.graph_step import TalkerFrameStep, ThinkerDecodeStep, attention_length
 from omni_backend.models.qwen3_omni.prompt import TalkerInput
 from omni_backend.models.qwen3_omni.talker import Talker
-from omni_backend.models.qwen3_omni.talker_runner import ThinkerAnswer, create_talker_engine
+from omni_backend.models.qwen3_omni.engines import create_talker_engine, create_thinker_engine
+from omni_backend.models.qwen3_omni.talker_runner import ThinkerAnswer
 from omni_backend.models.qwen3_omni.thinker import Thinker
-from omni_backend.models.qwen3_omni.thinker_runner import create_thinker_engine
+from omni_backend.models.qwen3_omni.engines import create_thinker_engine
 from omni_backend.models.qwen3_omni.random_checkpoint import checkpoint_config
 from tests.oracle.qwen3_omni_reference import job_messages
 from tests.qwen3_omni_fixtures import QWEN3_OMNI_JOBS

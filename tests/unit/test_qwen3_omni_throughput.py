@@ -20,8 +20,8 @@ from omni_backend.engine import SamplingParams
 from omni_backend.models.qwen3_omni import moe
 from omni_backend.models.qwen3_omni.checkpoint import load_checkpoint, load_thinker_embedding
 from omni_backend.models.qwen3_omni.prompt import TalkerInput
-from omni_backend.models.qwen3_omni.talker_runner import ThinkerAnswer, create_talker_engine
-from omni_backend.models.qwen3_omni.thinker_runner import create_thinker_engine
+from omni_backend.models.qwen3_omni.engines import create_talker_engine, create_thinker_engine
+from omni_backend.models.qwen3_omni.talker_runner import ThinkerAnswer
 from tests.oracle.qwen3_omni_reference import job_messages
 from tests.qwen3_omni_fixtures import QWEN3_OMNI_JOBS, QWEN3_OMNI_SHAPES
 

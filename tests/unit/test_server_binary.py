@@ -5,7 +5,7 @@ import importlib.metadata
 
 import pytest
 
-from omni_backend.triton import server_binary
+from omni_backend.supervisor import server_binary
 
 
 def _numpy(monkeypatch: pytest.MonkeyPatch, version: str | None) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from omni_backend.triton import server_binary
+from omni_backend.supervisor import server_binary
 
 
 def test_auto_completion_is_off_by_default(monkeypatch) -> None:

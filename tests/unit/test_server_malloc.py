@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_backend.triton import server_binary, server_malloc
+from omni_backend.supervisor import server_binary, server_malloc
 
 
 def _jemalloc_here() -> bool:

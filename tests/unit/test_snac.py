@@ -1,6 +1,6 @@
 """The SNAC 24 kHz decoder (Orpheus' codec) against the reference package ``snac==1.2.1``.
 
-Random checkpoints in the released layout (``omni_backend.testing.snac_random``) are decoded by
+Random checkpoints in the released layout (``omni_backend.models.orpheus.random_snac``) are decoded by
 our :class:`SNACDecoder` and by the package itself, run by ``tests/oracle/snac_reference.py`` in
 the oracle venv with its NoiseBlock noise drawn from the same per-row seeded generators. The
 package's ``SNAC.from_pretrained`` loads strictly, so the oracle run also proves that the
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from omni_backend.models.orpheus.snac import SNACConfig, load_snac, window_noise_seed
-from omni_backend.testing.snac_random import SNAC_SIZES, main as snac_random_main, write_random_snac
+from omni_backend.models.orpheus.random_snac import SNAC_SIZES, main as snac_random_main, write_random_snac
 from tests.requirement import require
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_backend.triton import stub_process
+from omni_backend.stubs import stub_process
 
 
 def _stall_reported(err: str) -> int:

@@ -14,10 +14,10 @@ import uuid
 from pathlib import Path
 import pytest
 
-from omni_backend.supervisor import stubs
+from omni_backend.stubs import server_stubs as stubs
 from omni_backend.supervisor.cpu_pressure import CpuPressure
 from omni_backend.testing import busy_host
-from omni_backend.triton import stub_process
+from omni_backend.stubs import stub_process
 from omni_backend.supervisor.options import UsageError, parse
 from omni_backend.supervisor.supervisor import PipelineState, Supervisor
 from omni_backend.supervisor.triton_control import PingFailed, Pipeline
@@ -568,7 +568,7 @@ def test_a_start_that_is_never_ready_is_killed_after_the_start_timeout_and_start
 
 def test_an_entry_stub_its_ping_finds_not_healthy_is_killed_and_healed(fake_stub):
     """Triton answered the ping "not healthy" and freed it: the entry's stub (here a fake named
-    `talker`) must not run again to take it (omni_backend/triton/unhealthy_stub.py)."""
+    `talker`) must not run again to take it (omni_backend/stubs/unhealthy_stub.py)."""
     proc, _, _ = fake_stub
     os.kill(proc.pid, signal.SIGSTOP)   # the host does not run it
 

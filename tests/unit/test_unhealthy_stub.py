@@ -1,5 +1,5 @@
 """A stub that tritonserver answered "not healthy" for is killed before it runs again
-(omni_backend/triton/unhealthy_stub.py); any other error kills nothing."""
+(omni_backend/stubs/unhealthy_stub.py); any other error kills nothing."""
 from __future__ import annotations
 
 import os
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from omni_backend.supervisor import stubs
-from omni_backend.triton.unhealthy_stub import kill_unhealthy_stub, unhealthy_instance
+from omni_backend.stubs import server_stubs as stubs
+from omni_backend.stubs.unhealthy_stub import kill_unhealthy_stub, unhealthy_instance
 
 
 @pytest.mark.parametrize("message,instance", [

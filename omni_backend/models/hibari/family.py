@@ -11,6 +11,7 @@ PIPELINES = (
         description="English voice embedded in the hibari-tts wheel (one stage, one chunk per sentence)",
         default_deploy="hibari",
         default_model="builtin:hibari",
+        openai_default=True,   # the voice that needs no checkpoint speaks for tts-1 & co.
         stages=(
             StageConfig(stage_id=0, model_stage="synthesizer", kind="stream", final_output=True,
                         outputs=(TensorSpec("AUDIO", "FP32", (-1,)),

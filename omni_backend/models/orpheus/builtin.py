@@ -26,8 +26,8 @@ def resolve_checkpoint(model: str) -> str:
     shape, seed = BUILTIN[name]
 
     def write(folder) -> None:
-        from omni_backend.testing.orpheus_random import write_random_orpheus
-        from omni_backend.testing.snac_random import write_random_snac
+        from omni_backend.models.orpheus.random_checkpoint import write_random_orpheus
+        from omni_backend.models.orpheus.random_snac import write_random_snac
 
         write_random_orpheus(folder, shape, seed)
         write_random_snac(folder / SNAC_FOLDER, seed=seed)

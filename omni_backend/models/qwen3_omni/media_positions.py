@@ -12,11 +12,14 @@ not). Decoding continues at ``cache length + delta``, ``delta`` = largest positi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-__all__ = ["MediaTokens", "rope_positions"]
+if TYPE_CHECKING:
+    from .config import Qwen3OmniConfig
+
+__all__ = ["MediaTokens", "rope_positions", "thinker_media_tokens", "talker_media_tokens"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,27 @@ class MediaTokens:
     audio_start_token_id: int
     spatial_merge_size: int
     position_id_per_seconds: float
+
+
+def thinker_media_tokens(config: "Qwen3OmniConfig") -> MediaTokens:
+    """The media tokens of the thinker's input ids."""
+    merge = config.vision.spatial_merge_size if config.vision is not None else 2
+    return MediaTokens(config.image_token_id, config.video_token_id, config.audio_token_id,
+                       config.vision_start_token_id, config.audio_start_token_id, merge,
+                       config.position_id_per_seconds)
+
+
+def talker_media_tokens(config: "Qwen3OmniConfig") -> MediaTokens:
+    """The media tokens of the talker's input ids (its config's, else the thinker's)."""
+    talker = config.raw.get("talker_config") or {}
+    base = thinker_media_tokens(config)
+    return MediaTokens(int(talker.get("image_token_id", base.image_token_id)),
+                       int(talker.get("video_token_id", base.video_token_id)),
+                       int(talker.get("audio_token_id", base.audio_token_id)),
+                       int(talker.get("vision_start_token_id", base.vision_start_token_id)),
+                       int(talker.get("audio_start_token_id", base.audio_start_token_id)),
+                       int(talker.get("spatial_merge_size", base.spatial_merge_size)),
+                       config.talker_position_id_per_seconds)
 
 
 def rope_positions(ids: Sequence[int], tokens: MediaTokens, image_grids: Sequence[Sequence[int]],

@@ -515,8 +515,7 @@ class TalkerInput:
         the assistant rows."""
         if not self.image_grids:
             return None, 0
-        from .media_positions import rope_positions
-        from .prompt_embeds import talker_media_tokens
+        from .media_positions import rope_positions, talker_media_tokens
 
         tokens = talker_media_tokens(self.config)
         ids = self.user_ids + [self.config.tts_pad_token_id] * (prefill_length - len(self.user_ids))

@@ -11,12 +11,12 @@ import torch
 
 from .audio_tower import AudioTower
 from .config import Qwen3OmniConfig
-from .media_positions import MediaTokens, rope_positions
+from .media_positions import rope_positions, thinker_media_tokens
 from .prompt import ThinkerPrompt
 from .thinker import Thinker
 from .vision_encoder import VisionEncoder
 
-__all__ = ["ThinkerInputs", "prompt_embeds", "thinker_media_tokens", "talker_media_tokens"]
+__all__ = ["ThinkerInputs", "prompt_embeds"]
 
 
 @dataclass
@@ -26,25 +26,6 @@ class ThinkerInputs:
     delta: int                            # decode positions: cache length + delta
     deepstack: list[torch.Tensor] | None  # per layer, [image tokens, hidden]
     visual_mask: torch.Tensor | None      # [1, L] bool
-
-
-def thinker_media_tokens(config: Qwen3OmniConfig) -> MediaTokens:
-    merge = config.vision.spatial_merge_size if config.vision is not None else 2
-    return MediaTokens(config.image_token_id, config.video_token_id, config.audio_token_id,
-                       config.vision_start_token_id, config.audio_start_token_id, merge,
-                       config.position_id_per_seconds)
-
-
-def talker_media_tokens(config: Qwen3OmniConfig) -> MediaTokens:
-    talker = config.raw.get("talker_config") or {}
-    base = thinker_media_tokens(config)
-    return MediaTokens(int(talker.get("image_token_id", base.image_token_id)),
-                       int(talker.get("video_token_id", base.video_token_id)),
-                       int(talker.get("audio_token_id", base.audio_token_id)),
-                       int(talker.get("vision_start_token_id", base.vision_start_token_id)),
-                       int(talker.get("audio_start_token_id", base.audio_start_token_id)),
-                       int(talker.get("spatial_merge_size", base.spatial_merge_size)),
-                       config.talker_position_id_per_seconds)
 
 
 def media_counts(config: Qwen3OmniConfig, prompt: ThinkerPrompt) -> tuple[list[tuple[int, int, int]], list[int]]:

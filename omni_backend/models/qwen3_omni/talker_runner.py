@@ -21,14 +21,14 @@ from typing import Any, Optional, Sequence as Seq
 
 import torch
 
-from omni_backend.engine import AREngine, ModelRunner, SamplingParams, Sequence, StepOutput
+from omni_backend.engine import ModelRunner, SamplingParams, Sequence, StepOutput
 
 from .generate import CODE_PREDICTOR_SAMPLING, TALKER_DEFAULTS, Sampling
 from .layers import KVCache
 from .prompt import TalkerInput
 from .talker import Talker
 
-__all__ = ["ThinkerAnswer", "TalkerRunner", "create_talker_engine"]
+__all__ = ["ThinkerAnswer", "TalkerRunner", "talker_sampling_defaults"]
 
 
 class ThinkerAnswer:
@@ -160,25 +160,3 @@ def talker_sampling_defaults(max_new_tokens: int = TALKER_DEFAULTS["max_new_toke
                           top_k=TALKER_DEFAULTS["top_k"], top_p=TALKER_DEFAULTS["top_p"],
                           repetition_penalty=TALKER_DEFAULTS["repetition_penalty"], max_new_tokens=max_new_tokens,
                           min_new_tokens=0)
-
-
-def create_talker_engine(talker: Talker, max_num_seqs: int = 8, max_model_len: int = 4096,
-                         max_prefills_per_step: int = 1, num_threads: Optional[int] = None,
-                         default_params: Optional[SamplingParams] = None,
-                         max_input_wait_s: Optional[float] = None, batch_mode: str = "exact",
-                         cuda_graph_sizes: Optional[list[int]] = None, enforce_eager: bool = False,
-                         static_step: Optional[bool] = None) -> AREngine:
-    """``batch_mode``: ``exact`` (each sequence alone, bit-exact) or ``throughput`` (the rows of a
-    decode step share forward passes, :mod:`.throughput_runner`; on CUDA its steps are captured as CUDA
-    graphs per ``cuda_graph_sizes`` bucket unless ``enforce_eager``; ``static_step`` forces or
-    refuses the static-buffer step whatever the device)."""
-    runner_class = TalkerRunner
-    if batch_mode != "exact":
-        from .throughput_runner import runner_class_for
-        runner_class = runner_class_for("talker", batch_mode)
-    options = {} if batch_mode == "exact" else {"graph_sizes": cuda_graph_sizes, "enforce_eager": enforce_eager,
-                                                "static_step": static_step}
-    runner = runner_class(talker, max_num_seqs, max_model_len, **options)
-    return AREngine(runner, max_prefills_per_step=max_prefills_per_step, num_threads=num_threads,
-                    default_params=default_params or talker_sampling_defaults(),
-                    max_input_wait_s=max_input_wait_s)

@@ -68,7 +68,8 @@ class TalkerStage(StageModel):
 
         from .builtin import resolve_checkpoint
         from .checkpoint import load_checkpoint, load_thinker_embedding
-        from .talker_runner import create_talker_engine, talker_sampling_defaults
+        from .engines import create_talker_engine
+        from .talker_runner import talker_sampling_defaults
 
         sd = self.stage_deploy
         torch.set_num_threads(sd.threads)

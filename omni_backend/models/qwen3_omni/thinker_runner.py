@@ -23,10 +23,9 @@ from typing import Any, Optional
 
 import torch
 
-from omni_backend.engine import AREngine, ModelRunner, SamplingParams, Sequence, StepOutput
+from omni_backend.engine import ModelRunner, SamplingParams, Sequence, StepOutput
 
 from .audio_tower import AudioTower
-from .checkpoint import Qwen3OmniCheckpoint
 from .config import Qwen3OmniConfig
 from .generate import Sampling
 from .layers import KVCache, text_positions
@@ -35,7 +34,7 @@ from .prompt_embeds import prompt_embeds
 from .thinker import Thinker
 from .vision_encoder import VisionEncoder
 
-__all__ = ["ThinkerRunner", "create_thinker_engine", "PREFILL_LOGITS_ROWS"]
+__all__ = ["ThinkerRunner", "PREFILL_LOGITS_ROWS"]
 
 # The prefill's LM head runs over the last rows only (a long prompt's [L, vocab] logits are large);
 # 4 is a common matmul shape, so the last row's bits are those of the reference's all-rows head.
@@ -123,32 +122,3 @@ class ThinkerRunner(ModelRunner):
                 token = self._choose(seq, out.logits)
             outputs.append(StepOutput(seq, [last], token))
         return outputs
-
-
-def create_thinker_engine(checkpoint: Qwen3OmniCheckpoint, max_num_seqs: int = 8, max_model_len: int = 4096,
-                          eos_token_ids: Optional[frozenset[int]] = None, max_prefills_per_step: int = 1,
-                          num_threads: Optional[int] = None,
-                          default_params: Optional[SamplingParams] = None, batch_mode: str = "exact",
-                          cuda_graph_sizes: Optional[list[int]] = None, enforce_eager: bool = False,
-                          static_step: Optional[bool] = None) -> AREngine:
-    """An engine over a loaded checkpoint's thinker; eos defaults to ``<|im_end|>`` (the
-    reference's answer end). The default sampling is greedy without a repetition penalty.
-    ``batch_mode``: ``exact`` (each sequence alone, bit-exact) or ``throughput`` (the rows of a
-    decode step share forward passes, :mod:`.throughput_runner`; on CUDA its steps are captured as CUDA
-    graphs per ``cuda_graph_sizes`` bucket unless ``enforce_eager``; ``static_step`` forces or
-    refuses the static-buffer step whatever the device)."""
-    if num_threads is not None:
-        torch.set_num_threads(int(num_threads))
-    eos = eos_token_ids if eos_token_ids is not None else frozenset({checkpoint.config.im_end_token_id})
-    runner_class = ThinkerRunner
-    if batch_mode != "exact":
-        from .throughput_runner import runner_class_for
-        runner_class = runner_class_for("thinker", batch_mode)
-    options = {} if batch_mode == "exact" else {"graph_sizes": cuda_graph_sizes, "enforce_eager": enforce_eager,
-                                                "static_step": static_step}
-    runner = runner_class(checkpoint.thinker, eos, max_num_seqs, max_model_len, checkpoint.config,
-                          checkpoint.audio_tower, checkpoint.visual, **options)
-    params = default_params or SamplingParams(do_sample=False, repetition_penalty=1.0, top_k=0, top_p=1.0,
-                                              temperature=1.0, max_new_tokens=1024, min_new_tokens=0)
-    return AREngine(runner, max_prefills_per_step=max_prefills_per_step, num_threads=num_threads,
-                    default_params=params)

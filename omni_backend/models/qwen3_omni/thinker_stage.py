@@ -42,7 +42,7 @@ class ThinkerStage(StageModel):
 
         from .builtin import resolve_checkpoint
         from .checkpoint import load_checkpoint
-        from .thinker_runner import create_thinker_engine
+        from .engines import create_thinker_engine
 
         sd = self.stage_deploy
         torch.set_num_threads(sd.threads)

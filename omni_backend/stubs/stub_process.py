@@ -19,7 +19,7 @@ to the stubs of a start-up that hangs before it kills them, so what held them is
 file `<dir>/<pid>` twice a second from its event loop (or, for a model without one, from a thread
 that watches the thread doing its work: `WorkWatch`); the file holds the id of the loop's (or
 worker's) thread, whose CPU time the supervisor reads to tell a blocked thread from a starved one
-(`omni_backend.supervisor.stubs.cpu_demand`). A
+(`omni_backend.stubs.server_stubs.cpu_demand`). A
 ping through Triton waits in the model's queue behind every request and so cannot tell a stuck
 stub from an overloaded one; a heartbeat that stops while the process lives can. The beat also
 stops while the stub's responses have waited STALL_REPORT_S with none leaving (`stalled`, the

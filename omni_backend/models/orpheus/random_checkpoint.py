@@ -1,4 +1,4 @@
-"""Tiny random Orpheus checkpoints in the released layout (tests and the built-in).
+"""Tiny random Orpheus checkpoints in the released layout (the built-in `orpheus_tiny_random`, tests).
 
 An Orpheus checkpoint is a Llama folder (``config.json``, ``model.safetensors``,
 ``generation_config.json``) with a Llama 3 tokenizer extended by ``<custom_token_N>``
@@ -13,7 +13,7 @@ direction, and the LM head favours the next position's band for it, so generated
 7 bands in order (valid codes, audio in every window) while the code chosen inside a band comes
 from the random weights and the context (attention, cache, batching are all exercised).
 
-    python -m omni_backend.testing.orpheus_random OUT [--shape tiny|tiny2] [--seed N]
+    python -m omni_backend.models.orpheus.random_checkpoint OUT [--shape tiny|tiny2] [--seed N]
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def _speaking_weights(hidden: int, seed: int):
 
 
 def write_random_orpheus(out_dir: str | Path, shape: str = "tiny", seed: int = 0) -> Path:
-    from omni_backend.testing.llama_random import write_random_llama
+    from omni_backend.models.orpheus.random_llama import write_random_llama
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

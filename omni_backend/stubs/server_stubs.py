@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omni_backend.triton import stub_process
+from omni_backend.stubs import stub_process
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
@@ -241,7 +241,7 @@ def stopped(stub: Stub) -> bool:
 
 
 def heartbeat_age(folder: str, stub: Stub) -> float | None:
-    """Seconds since the stub last beat (omni_backend/triton/stub_process.py); None before its
+    """Seconds since the stub last beat (omni_backend/stubs/stub_process.py); None before its
     first beat, or for a model that does not beat."""
     if not folder:
         return None

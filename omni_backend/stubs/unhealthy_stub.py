@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 
-from omni_backend.supervisor import stubs
+from omni_backend.stubs import server_stubs as stubs
 
 # `ReceiveMessageFromStub` names the instance; `SendMessageToStub` does not ("Stub process is not
 # healthy."); "Failed to obtain the health mutex." is a stub stuck or dead while holding it.

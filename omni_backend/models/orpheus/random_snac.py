@@ -22,7 +22,7 @@ clipped at +-1, where differences would vanish), and Snake's ``alpha`` stays nea
 tensor is drawn from its own generator seeded from ``seed`` and the tensor name, so a folder is
 a pure function of its arguments.
 
-CLI: ``python -m omni_backend.testing.snac_random OUT [--seed N] [--size tiny|small]``.
+CLI: ``python -m omni_backend.models.orpheus.random_snac OUT [--seed N] [--size tiny|small]``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omni_backend import glibc_heaps
 from omni_backend.deploy import PYTHON_BACKEND_THREADS
-from omni_backend.triton import server_malloc
+from omni_backend.supervisor import server_malloc
 
 
 def _pytriton_root() -> Path:
