@@ -57,8 +57,9 @@ def test_a_starved_player_is_counted_and_a_fed_one_is_not(fixed_chunks_server):
     underrun1, gaps1 = listened(fixed_chunks_server)
     assert gaps1 == gaps0 + 1
     # the server's player starts when the first chunk leaves it, the client's when it arrives:
-    # the same waits, give or take the transport's jitter
-    assert underrun1 - underrun0 == pytest.approx(heard.underrun_s, abs=0.05)
+    # the same waits, give or take the transport's jitter (up to a tenth of a second when two
+    # test workers share two cores; the wait itself is ~0.9 s)
+    assert underrun1 - underrun0 == pytest.approx(heard.underrun_s, abs=0.15)
     # chunks of 20 frames (1.6 s) made far faster than they play: no gap
     fed = synthesize(url, PIPELINE, "Hello there, no wait.", {
         **GREEDY, "max_new_tokens": 41, "initial_chunk_frames": 20, "chunk_frames": 20})

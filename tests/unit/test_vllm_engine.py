@@ -344,6 +344,10 @@ def test_hung_worker_is_killed_and_its_owner_told(lone_engine):
 
     assert asyncio.run(main()) < 2.0 + 2 * engine.ping_interval_s + 1.0
     assert worker.proc.wait(5) == -signal.SIGKILL
+    # the owner is told after the streams are failed, from the engine's reader thread
+    deadline = time.monotonic() + 5
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert len(lost) == 1 and lost[0].startswith("stopped answering")
     _stays_lost(engine, worker.proc.pid, others)
 
