@@ -1,7 +1,8 @@
 # Two commands do all set-up on a fresh machine:
 #   make serve      -> venv, Debian packages, model repository, tritonserver + OpenAI shim
 #   make test       -> the same set-up plus the reference (oracle) venvs, installed side by side,
-#                      then the whole test suite on TEST_WORKERS processes (default 2; 1: one process)
+#                      then the whole test suite on TEST_WORKERS processes (default 2; 1: one process),
+#                      and last, alone, the tests marked `serial` (they load every core on purpose)
 # and one for the edit-test loop, once `make test` (or `make venv`) has set up:
 #   make test-unit  -> the unit tests that start no server, need no oracle or vLLM venv and are
 #                      not marked slow (marker `unit_fast`, given by tests/tiers.py): about
@@ -79,8 +80,12 @@ test-setup:
 
 # tests/worker_groups.py keeps a module's tests, and the tests of one session server or one
 # oracle run, on one worker
+# a pass that selects no test (exit 5) is no failure: PYTEST_ARGS may name tests of one pass only
 test: test-setup
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	@rc=0; \
+	$(PY) -m pytest -q $(XDIST) -m "not serial" $(PYTEST_ARGS) || { s=$$?; [ $$s = 5 ] || rc=$$s; }; \
+	$(PY) -m pytest -q -m serial $(PYTEST_ARGS) || { s=$$?; [ $$s = 5 ] || rc=$$s; }; \
+	exit $$rc
 
 test-unit: venv
 	$(PY) -m pytest -q -m unit_fast $(XDIST) tests/unit $(PYTEST_ARGS)

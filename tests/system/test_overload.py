@@ -12,6 +12,7 @@ pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.serial   # loads every core on purpose: alone, after the parallel pass
 def test_short_overload_run_is_clean():
     run = subprocess.run([sys.executable, str(ROOT / "perf" / "overload.py"), "--runs", "1", "--minutes", "0.5",
                           "--clients", "8", "--burners", "8", "--bound-s", "150"],

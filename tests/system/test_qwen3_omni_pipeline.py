@@ -203,7 +203,8 @@ def test_text_only_answer_skips_the_audio_stages(omni_server):
     before = metric(omni_server, "omni_requests_total", pipeline=LONG, outcome="ok")
     text_only = Served(omni_server, LONG, "What is the capital of France?", {"do_sample": False, "return_audio": False})
     assert not text_only.chunks and text_only.text == with_audio.text and text_only.finish_reason == "stop"
-    assert metric(omni_server, "omni_requests_total", pipeline=LONG, outcome="ok") == before + 1
+    # counted as the entry finishes the request, just after its final response leaves
+    assert wait_for(lambda: metric(omni_server, "omni_requests_total", pipeline=LONG, outcome="ok") == before + 1, 5)
     with pytest.raises(TritonStreamError, match="invalid_request: talker_max_new_tokens"):
         Served(omni_server, LONG, "Hi", {"return_audio": False, "talker_max_new_tokens": 5})
 

@@ -355,6 +355,7 @@ def test_a_batched_stage_whose_worker_blocks_or_computes_without_end_is_noticed(
         server.stop()
 
 
+@pytest.mark.serial   # loads every core on purpose: alone, after the parallel pass
 @pytest.mark.skipif(not stubs.reads_thread_waits(), reason="no /proc/<pid>/task/<tid>/syscall here")
 def test_a_stage_whose_event_loop_blocks_on_a_starved_host_is_noticed_within_5_s(tmp_path):
     """As above, with the host starved of CPU (8 busy processes per core) while the writer's loop

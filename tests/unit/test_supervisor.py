@@ -208,6 +208,7 @@ def test_without_psi_the_run_queue_tells_how_long_some_task_waited(tmp_path):
     assert pressure.waiting_share(103.0) == pytest.approx(0.0) and not pressure.starved(103.0)
 
 
+@pytest.mark.serial   # loads every core on purpose: alone, after the parallel pass
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc/stat")
 def test_without_psi_a_host_full_of_busy_processes_is_starved_at_once():
     """The run queue shows a host that has just become starved within a second (the 1-minute
