@@ -232,3 +232,37 @@ def qwen3_threads():
     torch.set_num_threads(QWEN3_THREADS)
     yield
     torch.set_num_threads(before)
+
+
+def talker_stage_responses(url: str, pipeline: str, request: dict,
+                           outputs: tuple[str, ...] = ("AUDIO", "CODES")) -> list[dict]:
+    """A Qwen3-TTS talker stage's own responses over gRPC, each as {output name: array or None};
+    `request` is the adapter's normalized request (the stage's REQUEST). The final flag-only
+    response is left out; a final response that carries outputs is kept."""
+    import queue
+    import uuid
+
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES"), grpcclient.InferInput("REQUEST_ID", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([json.dumps(request).encode()], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.array([uuid.uuid4().hex.encode()], dtype=np.object_))
+    client.async_stream_infer(f"{pipeline}__talker", inputs, enable_empty_final_response=True)
+    responses = []
+    try:
+        while True:
+            result, error = results.get(timeout=120)
+            assert error is None, error
+            response = {name: result.as_numpy(name) for name in outputs}
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            if not final or any(value is not None for value in response.values()):
+                responses.append(response)
+            if final:
+                return responses
+    finally:
+        client.stop_stream()
+        client.close()
+

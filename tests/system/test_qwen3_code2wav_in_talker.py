@@ -8,8 +8,6 @@ plans; and the talker's own responses carry audio, never codes.
 from __future__ import annotations
 
 import dataclasses
-import json
-import queue
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -18,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import tritonclient.grpc as grpcclient
 
 from client.triton_process import TritonProcess
 from client.triton_stream import synthesize
+from tests.qwen3_fixtures import talker_stage_responses
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,24 +95,7 @@ def talker_responses(url: str, text: str, params: dict) -> list[dict[str, np.nda
     from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
 
     req = Qwen3TTSAdapter.from_model(resolve_checkpoint(f"builtin:{PIPELINE}")).validate(text, _request(params))
-    client = grpcclient.InferenceServerClient(url)
-    results: "queue.Queue" = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES"), grpcclient.InferInput("REQUEST_ID", [1], "BYTES")]
-    inputs[0].set_data_from_numpy(np.array([json.dumps(req).encode()], dtype=np.object_))
-    inputs[1].set_data_from_numpy(np.array([uuid.uuid4().hex.encode()], dtype=np.object_))
-    client.async_stream_infer(f"{PIPELINE}__talker", inputs, enable_empty_final_response=True)
-    responses = []
-    try:
-        while True:
-            result, error = results.get(timeout=120)
-            assert error is None, error
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return responses
-            responses.append({name: result.as_numpy(name) for name in ("AUDIO", "CODES")})
-    finally:
-        client.stop_stream()
-        client.close()
+    return talker_stage_responses(url, PIPELINE, req)
 
 
 @pytest.mark.parametrize("text,params", PROMPTS[:5], ids=lambda x: str(x)[:20])

@@ -19,6 +19,7 @@ import tritonclient.grpc as grpcclient
 
 from client.triton_stream import TritonStreamError, synthesize
 from tests.metrics_scrape import metric, wait_for
+from tests.qwen3_fixtures import talker_stage_responses
 
 pytestmark = pytest.mark.system
 PIPELINE = "qwen3_tts_tiny_random"
@@ -88,26 +89,9 @@ def served_codes(url: str, text: str, params: dict) -> np.ndarray:
     from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
 
     req = Qwen3TTSAdapter.from_model(resolve_checkpoint(f"builtin:{PIPELINE}")).validate(text, _request(params))
-    client = grpcclient.InferenceServerClient(url)
-    results: "queue.Queue" = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    inputs = [grpcclient.InferInput("REQUEST", [1], "BYTES"), grpcclient.InferInput("REQUEST_ID", [1], "BYTES")]
-    inputs[0].set_data_from_numpy(np.array([json.dumps(req).encode()], dtype=np.object_))
-    inputs[1].set_data_from_numpy(np.array([uuid.uuid4().hex.encode()], dtype=np.object_))
-    client.async_stream_infer(f"{PIPELINE}__talker", inputs, enable_empty_final_response=True)
-    frames = []
-    try:
-        while True:
-            result, error = results.get(timeout=120)
-            assert error is None, error
-            codes = result.as_numpy("CODES")
-            if codes is not None:
-                frames.extend(codes.reshape(-1, 16))
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return np.asarray(frames, dtype=np.int64)
-    finally:
-        client.stop_stream()
-        client.close()
+    frames = [r["CODES"].reshape(-1, 16) for r in talker_stage_responses(url, PIPELINE, req, ("CODES",))
+              if r["CODES"] is not None]
+    return np.concatenate(frames).astype(np.int64) if frames else np.zeros((0, 16), dtype=np.int64)
 
 
 @pytest.mark.parametrize("text,params", PROMPTS[:4], ids=lambda x: str(x)[:20])
