@@ -28,7 +28,6 @@ import argparse
 import datetime
 import math
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,19 +39,13 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from check_report import Stopped, finish, stop_on_sigterm  # noqa: E402
+
 from omni_backend.engine import AREngine, SamplingParams  # noqa: E402
 
 PROMPTS = ["Hello! Can you tell me a short story about a robot?", "What is the capital of France?",
            "Give me three tips for sleeping well.", "你好，请用一句话介绍一下你自己。"]
 SCHEDULE = (2, 25, 325)   # the deploy's initial chunk, chunk and left context (frames)
-
-
-class Stopped(Exception):
-    """SIGTERM (check.sh's timeout): the report is still printed and written."""
-
-
-def _stop(signum, frame) -> None:
-    raise Stopped("stopped by SIGTERM (timeout)")
 
 
 def log(message: str) -> None:
@@ -266,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=None, help="answer tokens per turn (default 64; dry run 10)")
     ap.add_argument("--frames", type=int, default=None, help="talker frames per turn (default 100; dry run 12)")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop)
+    stop_on_sigterm()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cuda = torch.cuda.is_available() and not args.dry_run
     shape, device, dtype = ("30b-a3b", "cuda", torch.bfloat16) if cuda else ("tiny", "cpu", torch.float32)
@@ -310,14 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                              + served(Path(work), levels, args.results))
     except Exception as exc:  # noqa: BLE001
         problems.append(f"{type(exc).__name__}: {exc}")
-    text = head + "\n".join(lines) + "\n"
-    if problems:
-        text += f"\n**Problems: {'; '.join(problems)}**\n"
-    print(text)
-    if not args.no_results:
-        with open(args.results, "a") as f:
-            f.write("\n" + text)
-    return 1 if problems else 0
+    return finish(head, lines, problems, args.results, args.no_results)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import signal
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+from check_report import Stopped, finish, stop_on_sigterm  # noqa: E402
 
 from omni_backend.engine import SamplingParams  # noqa: E402
 from omni_backend.models.voxcpm2.config import AudioVAEConfig, parse_config  # noqa: E402
@@ -40,14 +41,6 @@ from omni_backend.models.voxcpm2.runner import VoxCPM2Params, create_engine  # n
 
 TEXTS = ["Hello! This is a test of streaming speech.", "The quick brown fox jumps over the lazy dog.",
          "你好，今天天气很好。", "One more sentence, a little longer than the others, to speak."]
-
-
-class Stopped(Exception):
-    """SIGTERM (check.sh's timeout): the report is still printed and written."""
-
-
-def _stop(signum, frame) -> None:
-    raise Stopped("stopped by SIGTERM (timeout)")
 
 
 def log(message: str) -> None:
@@ -122,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-results", action="store_true")
     ap.add_argument("--patches", type=int, default=None, help="patches per request (default 50 = 8 s; dry run 4)")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop)
+    stop_on_sigterm()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cuda = torch.cuda.is_available() and not args.dry_run
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
@@ -157,14 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             lines += throughput(model, static, [1, 16], patches, True, seconds_per_patch)
     except Exception as exc:  # noqa: BLE001
         problems.append(f"{type(exc).__name__}: {exc}")
-    text = head + "\n".join(lines) + "\n"
-    if problems:
-        text += f"\n**Problems: {'; '.join(problems)}**\n"
-    print(text)
-    if not args.no_results:
-        with open(args.results, "a") as f:
-            f.write("\n" + text)
-    return 1 if problems else 0
+    return finish(head, lines, problems, args.results, args.no_results)
 
 
 if __name__ == "__main__":
