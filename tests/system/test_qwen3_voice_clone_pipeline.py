@@ -11,104 +11,32 @@ random Base checkpoint) with hibari speech as the reference recordings.
 from __future__ import annotations
 
 import base64
-import dataclasses
-import io
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import soundfile as sf
-import torch
 
 from client.triton_stream import TritonStreamError, synthesize
 from omni_backend.models.qwen3_tts.adapter import REF_AUDIO_MAX_CHARS
 from tests.metrics_scrape import metric
+from tests.qwen3_voice_clone_reference import GREEDY, VOICE_TEXTS, CloneReference, hibari_voices, wav_data_url
 
 pytestmark = pytest.mark.system
 PIPELINE = "qwen3_tts_tiny_random_base"
-GREEDY = {"do_sample": False, "subtalker_do_sample": False}
-VOICE_TEXTS = [
-    "Hello there, this is a short reference recording of my voice.",
-    "Good morning, everyone. I hope the trains run on time today.",
-    "The weather is lovely, so we will walk to the park after lunch.",
-    "Please leave a message after the tone, and I will call you back.",
-]
-
-
-def wav_data_url(audio: np.ndarray, rate: int = 24000, fmt: str = "WAV") -> str:
-    buffer = io.BytesIO()
-    sf.write(buffer, audio, rate, format=fmt)
-    mime = {"WAV": "audio/wav", "FLAC": "audio/flac"}[fmt]
-    return f"data:{mime};base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 @pytest.fixture(scope="module")
 def voices():
-    from hibari import Hibari
-
-    voice = Hibari()
-    return [voice(text, seed=i) for i, text in enumerate(VOICE_TEXTS)]
+    return hibari_voices()
 
 
 @pytest.fixture(scope="module")
 def reference(triton):
     """In-process engine, voice encoder and decoder on the same built-in checkpoint."""
-    from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
-    from omni_backend.deploy import default_deploy_path, load_deploy
-    from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
-    from omni_backend.models.qwen3_tts.code2wav import Code2Wav
-    from omni_backend.models.qwen3_tts.runner import create_engine
-    from omni_backend.models.qwen3_tts.sampling_params import sampling_params_from_request
-    from omni_backend.models.qwen3_tts.voice_clone import VoiceEncoder
-    from omni_backend.reference_audio import decode_reference_audio
+    from omni_backend.deploy import default_deploy_path
 
-    path = resolve_checkpoint(f"builtin:{PIPELINE}")
-    deploy = load_deploy(default_deploy_path(PIPELINE))
-    torch.set_num_threads(1)
-    engine = create_engine(path, max_num_seqs=8)
-    checkpoint = engine.runner.checkpoint
-    encoder = VoiceEncoder.from_checkpoint(path, dict(checkpoint.config.speaker_encoder))
-    defaults = dataclasses.replace(engine.default_params, **deploy.stage(0).default_sampling_params)
-    adapter = Qwen3TTSAdapter.from_model(path)
-    builder = checkpoint.prompt_builder()
-    decoder = Code2Wav.from_checkpoint(f"{path}/speech_tokenizer")
-    decoder.batch_invariant = True
-
-    class Reference:
-        def run(self, text, params):
-            req = adapter.validate(text, {**GREEDY, **params})
-            audio, rate = decode_reference_audio(req["ref_audio"])
-            clone = encoder.encode(audio, rate, req.get("ref_text"), bool(req.get("x_vector_only_mode")))
-            prompt = builder.build(req["text"], language=req["language"], voice_clone=clone)
-            sp = sampling_params_from_request(defaults, req)   # as the talker stage maps its REQUEST
-            rid = uuid.uuid4().hex
-            codes = np.asarray(engine.generate([(rid, prompt, sp)])[rid], dtype=np.int64)
-            context = None if clone.x_vector_only else clone.ref_codes.numpy()
-            return codes, context
-
-        def windowed_audio(self, codes, context):
-            a = deploy.async_chunk
-            schedule = a.chunk_schedule()
-            offset = 0 if context is None else context.shape[0]
-            full = codes if context is None else np.concatenate([context, codes])
-            pieces, emitted = [], 0
-            while (window := schedule.next_window(emitted, len(codes), True)) is not None:
-                left = min(a.left_context_frames, offset + emitted)
-                window_codes = torch.from_numpy(full[offset + emitted - left: offset + window.end_frame].T[None].copy())
-                pieces.append(decoder.decode_window(window_codes, left)[0])
-                emitted = window.end_frame
-            return torch.cat(pieces).numpy()
-
-        def full_decode_cut(self, codes, context):
-            from omni_backend.models.qwen3_tts.prompt import reference_cut_samples
-
-            full = np.concatenate([context, codes])
-            audio = decoder.decode(torch.from_numpy(full.T[None].copy()))[0].numpy()
-            return audio[reference_cut_samples(len(context), len(codes), audio.size):]
-
-    return Reference()
+    return CloneReference(PIPELINE, default_deploy_path(PIPELINE))
 
 
 def _clone(voices, i, **extra):
