@@ -76,16 +76,18 @@ class CloneReference:
         context = None if clone.x_vector_only else clone.ref_codes.numpy()
         return codes, context
 
-    def windowed_audio(self, codes: np.ndarray, context: np.ndarray | None) -> np.ndarray:
-        """The codes decoded window by window as the deploy's schedule cuts them, the reference
-        codes as codec left context whose audio is never emitted."""
-        a = self.deploy.async_chunk
-        schedule = a.chunk_schedule()
+    def windowed_audio(self, codes: np.ndarray, context: np.ndarray | None, params: dict | None = None) -> np.ndarray:
+        """The codes decoded window by window as the deploy's schedule cuts them (with the chunk
+        fields of the request's `params`), the reference codes as codec left context whose audio
+        is never emitted."""
+        params = params or {}
+        schedule = self.deploy.async_chunk.chunk_schedule(params.get("initial_chunk_frames"), params.get("chunk_frames"),
+                                                          params.get("left_context_frames"))
         offset = 0 if context is None else context.shape[0]
         full = codes if context is None else np.concatenate([context, codes])
         pieces, emitted = [], 0
         while (window := schedule.next_window(emitted, len(codes), True)) is not None:
-            left = min(a.left_context_frames, offset + emitted)
+            left = min(schedule.left_context_frames, offset + emitted)
             window_codes = torch.from_numpy(full[offset + emitted - left: offset + window.end_frame].T[None].copy())
             pieces.append(self.decoder.decode_window(window_codes, left)[0])
             emitted = window.end_frame

@@ -4,13 +4,16 @@ pipelines, both built from their default deploys with that option.
 
 - a served clone equals the in-process engine + windowed decoder bit for bit, in-context (the
   reference codes codec left context, never heard; also the reference's decode of ref + new codes
-  after its cut, to 1e-4) and x-vector only; the talker sends audio, never codes or context codes;
+  after its cut, to 1e-4; also with the request's own chunk sizes) and x-vector only; the talker
+  sends audio, never codes or context codes;
 - text appended in pieces (`streaming_input`, CustomVoice and an x-vector clone) equals the same
   text sent whole, bit for bit;
 - four concurrent mixed requests (clones and streamed text) each equal their solo run;
 - streams cancelled mid-utterance (by control message and by gRPC cancel), as many as the
   talker's engine has slots, free them: the talker's active count returns to 0 and a request after
-  them runs and equals its solo run.
+  them gets a slot at once and equals its solo run;
+- streamed text that stops coming ends with `invalid_request: text:` after `text_wait_s`, having
+  spoken what it had, and frees its slot.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import tritonclient.grpc.aio as aioclient
 import yaml
 
 from client.triton_process import TritonProcess
-from client.triton_stream import astream, synthesize
+from client.triton_stream import TritonStreamError, astream, synthesize
 from client.triton_text_stream import TextInputStream
 from tests.metrics_scrape import metric, wait_for
 from tests.qwen3_fixtures import talker_stage_responses
@@ -37,16 +40,20 @@ ROOT = Path(__file__).resolve().parents[2]
 CUSTOM = "qwen3_tts_tiny_random"
 BASE = "qwen3_tts_tiny_random_base"
 ENGLISH = "Hello world, this is a streaming test. It speaks while an LLM is still writing!"
+TEXT_WAIT_S = 4.0
 
 
 @pytest.fixture(scope="module")
 def deploys(tmp_path_factory) -> dict[str, Path]:
-    """Each pipeline's default deploy with stage 0's `code2wav: in_talker`."""
+    """Each pipeline's default deploy with stage 0's `code2wav: in_talker` (CustomVoice's with a
+    short `text_wait_s`)."""
     base = tmp_path_factory.mktemp("in_talker_deploys")
     out = {}
     for pipeline in (CUSTOM, BASE):
         deploy = yaml.safe_load((ROOT / "deploy" / f"{pipeline}.yaml").read_text())
         deploy["stages"][0].setdefault("options", {})["code2wav"] = "in_talker"
+        if pipeline == CUSTOM:   # a short wait for text, so its bound can be seen
+            deploy["stages"][0]["options"]["text_wait_s"] = TEXT_WAIT_S
         out[pipeline] = base / f"{pipeline}.in_talker.yaml"
         out[pipeline].write_text(yaml.safe_dump(deploy))
     return out
@@ -160,6 +167,15 @@ def test_served_clone_equals_in_process(server, reference, voices, solo):
     assert context is None
     np.testing.assert_array_equal(solo["clone_xvec"], reference.windowed_audio(codes, None))
 
+    # the request's own chunks: a left context shorter than the reference codes reaches into them
+    params = {**jobs["clone_icl"][2], "initial_chunk_frames": 3, "chunk_frames": 5, "left_context_frames": 10}
+    codes, context = reference.run("Chunked my own way.", params)
+    assert len(context) > 10
+    served = synthesize(server.grpc_url, BASE, "Chunked my own way.", params)
+    schedule = reference.deploy.async_chunk.chunk_schedule(3, 5, 10)
+    assert [c.size // 1920 for c in served.chunks] == [w.new_frames for w in schedule.plan(len(codes))]
+    np.testing.assert_array_equal(served.audio, reference.windowed_audio(codes, context, params))
+
 
 def test_the_talker_sends_a_clone_audio_not_codes(server, reference, voices):
     """In-context: the reference codes stay in the talker (codec context of its own windows)."""
@@ -234,3 +250,28 @@ def test_cancelled_streams_free_their_engine_slots(server, voices, solo, deploys
     after = synthesize(server.grpc_url, BASE, text, params)
     assert after.ttfa_s < 10   # it found a free slot (a leaked one frees after minutes)
     np.testing.assert_array_equal(after.audio, solo["clone_icl"])
+
+
+def test_text_wait_bound_ends_the_stream_and_frees_the_slot(server, voices, solo):
+    """Text that stops coming: the talker speaks what it had (its completed windows), then the
+    stream ends with `invalid_request: text:` and the slot is free."""
+    async def scenario():
+        client = aioclient.InferenceServerClient(server.grpc_url)
+        try:
+            stream = TextInputStream(client, CUSTOM, {**GREEDY, "voice": "ryan", "max_new_tokens": 60},
+                                     uuid.uuid4().hex)
+            got = []
+            t0 = time.perf_counter()
+            with pytest.raises(TritonStreamError, match="^invalid_request: text: .*text_wait_s"):
+                async for audio, _ in stream.start("Hello world, and then nothing more "):
+                    got.append(audio)
+            return got, time.perf_counter() - t0
+        finally:
+            await client.close()
+
+    got, took = asyncio.run(scenario())
+    assert got and TEXT_WAIT_S <= took < TEXT_WAIT_S + 10
+    assert wait_for(server.metrics_url, "omni_stage_active_requests", 0, model=f"{CUSTOM}__talker") == 0
+    assert wait_for(server.metrics_url, "omni_active_streams", 0, pipeline=CUSTOM) == 0
+    pipeline, pieces, params = _requests(voices)["streamed_custom"]
+    np.testing.assert_array_equal(_run(server.grpc_url, [(pipeline, pieces, params)])[0], solo["streamed_custom"])
