@@ -1,6 +1,7 @@
 """PipelineConfig + deploy YAML + model path -> a Triton model repository.
 
-One entry model named after the pipeline, one model per stage named `<pipeline>__<model_stage>`.
+One entry model named after the pipeline, one model per stage named `<pipeline>__<model_stage>`
+(but for a stage deployed with `process: entry`, which the entry model loads itself).
 Every config.pbtxt is derived from the pipeline's declared graph (omni_backend/pipeline.py): a
 stream stage is decoupled and takes REQUEST / REQUEST_ID / CONTROL besides its declared tensors; a
 batched stage gets Triton's dynamic batcher. The entry outputs AUDIO / SAMPLE_RATE and every
@@ -68,7 +69,8 @@ def entry_config(p: PipelineConfig, deploy: DeployConfig, common: dict[str, str]
         "instance_group": _instance_group(deploy.entry.instances, "cpu"),
         # the stage models it calls: a pipeline serves only when all of them are ready
         "parameters": _params({**common, "threads_in_flight": str(deploy.entry.bls_threads),
-                               "stages": ",".join(p.stage_model_name(s) for s in p.stages)}),
+                               "stages": ",".join(p.stage_model_name(s) for s in p.stages
+                                                  if deploy.stage(s.stage_id).process == "own")}),
     }
 
 
@@ -147,9 +149,12 @@ def build(pipeline: str, out: str | Path, deploy_path: str | Path | None = None,
     entry = entry_config(p, deploy, common)
     entry["parameters"] += _params({"catalog": catalog(p, model)})
     models = [(p.name, entry, p.entry_class)]
-    for s in p.stages:
-        models.append((p.stage_model_name(s), stage_config(p, s, deploy, common), s.triton_class))
     out = Path(out)
+    for s in p.stages:
+        if deploy.stage(s.stage_id).process == "entry":   # loaded by the entry: no model of its own
+            shutil.rmtree(out / p.stage_model_name(s), ignore_errors=True)
+            continue
+        models.append((p.stage_model_name(s), stage_config(p, s, deploy, common), s.triton_class))
     written = []
     for name, cfg, cls in models:
         folder = out / name

@@ -19,6 +19,7 @@ from omni_backend.pipeline import PipelineConfig
 DEPLOY_DIR = Path(__file__).resolve().parent.parent / "deploy"
 
 ENGINES = ("torch", "vllm")
+PROCESSES = ("own", "entry")
 # Keys only one engine reads: given for a stage on the other engine they are errors, not ignored.
 ENGINE_ONLY_KEYS = {"torch": ("max_prefills_per_step", "batch_invariant"),
                     "vllm": ("block_size", "gpu_memory_utilization")}
@@ -86,6 +87,9 @@ class StageDeploy:
     cuda_graph_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     max_batch_size: int = 8        # Triton dynamic batching for stateless stages
     max_queue_delay_us: int = 2000
+    # where a stream stage runs: `own` (its own Triton model and process) or `entry` (inside the
+    # entry model's process, one process hop less on every chunk's path: omni_backend/triton/local_stage.py)
+    process: str = "own"
     # vLLM only: tokens per KV-cache block (a multiple of 32 on CPU, whose attention needs it; of
     # 16 on GPU), and the share of the GPU's memory vLLM takes for weights and KV cache (GPU only)
     block_size: int | None = None
@@ -206,6 +210,8 @@ def _stage(src: str, prefix: str, raw: Any) -> StageDeploy:
             setattr(s, k, _int(src, key, v, 1))
         elif k == "engine":
             s.engine = _choice(src, key, v, ENGINES)
+        elif k == "process":
+            s.process = _choice(src, key, v, PROCESSES)
         elif k == "dtype":
             s.dtype = _choice(src, key, v, DTYPES)
         elif k == "device":
@@ -298,6 +304,8 @@ def check_options(cfg: DeployConfig, pipeline: PipelineConfig) -> DeployConfig:
         if sd.engine not in stage.engines:
             raise _fail(cfg.source, f"stages[{i}].engine",
                         f"{stage.model_stage} runs on engine {', '.join(stage.engines)} only, got {sd.engine}")
+        if sd.process == "entry":
+            _check_in_entry(cfg, i, stage)
         declared = {p.name: p for p in stage.options}
         for key in sd.options:
             if key not in declared:
@@ -309,6 +317,23 @@ def check_options(cfg: DeployConfig, pipeline: PipelineConfig) -> DeployConfig:
         except InvalidRequest as e:
             raise _fail(cfg.source, f"stages[{i}].options.{e.field}", e.reason) from None
     return cfg
+
+
+def _check_in_entry(cfg: DeployConfig, i: int, stage: Any) -> None:
+    """`process: entry` is for one stream stage fed by the client's request, on the torch engine, in
+    a pipeline served by one entry instance (each instance would load the stage's engine)."""
+    key = f"stages[{i}].process"
+    sd = cfg.stages[i]
+    if stage.kind != "stream" or not stage.takes_request:
+        raise _fail(cfg.source, key, f"entry runs only a stream stage fed by the client's request; "
+                                     f"{stage.model_stage} is not one")
+    if sd.engine != "torch":
+        raise _fail(cfg.source, key, f"entry runs only a stage on engine: torch; this stage runs engine: {sd.engine}")
+    if sd.instances != 1:
+        raise _fail(cfg.source, key, f"entry needs instances: 1 (the entry's process holds the stage), got {sd.instances}")
+    if cfg.entry.instances != 1:
+        raise _fail(cfg.source, key, f"entry needs entry.instances: 1 (each entry instance would load the stage), "
+                                     f"got {cfg.entry.instances}")
 
 
 def load_deploy(path: str | Path) -> DeployConfig:

@@ -1,10 +1,13 @@
-"""First audio at c = 1 with code2wav in its own stage vs in the talker's process, A/B.
+"""First audio at c = 1 with code2wav in its own stage vs in the talker's process vs the whole
+pipeline in the entry's process, A/B/C.
 
-Both deploys of one Qwen3-TTS pipeline are served at once (two tritonservers, the deploy as
-given and the same with the talker's option `code2wav` set to the other placement); each round
-times one request on each server, in alternating order, the in-process engine + decoder of
-the same deploy, and each talker stage alone (to its first chunk's frames, or audio where it
-decodes) and one code2wav call (perf/ttfa_breakdown.py), so a busy spell of a shared host weighs on all alike.
+The three placements of one Qwen3-TTS pipeline are served at once (three tritonservers, the
+deploy as given with the talker's option `code2wav` set to `own_stage`, to `in_talker`, and
+`in_talker` with the talker in the entry's process, `process: entry`); each round times one
+request on each server, in turn order, the in-process engine + decoder of the same deploy,
+and each talker stage that has a model of its own alone (to its first chunk's frames, or audio
+where it decodes) and one code2wav call (perf/ttfa_breakdown.py), so a busy spell of a shared
+host weighs on all alike.
 Prints p50 / p95 per column, served / in-process p50, and a markdown table.
 
     .venv/bin/python perf/code2wav_placement.py --pipeline qwen3_tts_tiny_random --rounds 30
@@ -26,14 +29,17 @@ from client.triton_process import TritonProcess
 from client.triton_stream import synthesize
 
 TEXT = "Hello world, this is a streaming test of the first audio."
-PLACEMENTS = ("own_stage", "in_talker")
+PLACEMENTS = ("own_stage", "in_talker", "in_entry")
+SEPARATE_TALKER = ("own_stage", "in_talker")   # placements whose talker is a Triton model of its own
 
 
 def deploy_with(deploy_path: Path, placement: str, out: Path) -> Path:
-    """The deploy with the talker's `code2wav` option set to `placement`."""
+    """The deploy with the talker's `code2wav` option (and `process`) set for `placement`."""
     raw = yaml.safe_load(deploy_path.read_text())
     talker = next(s for s in raw["stages"] if s["stage_id"] == 0)
-    talker.setdefault("options", {})["code2wav"] = placement
+    talker.setdefault("options", {})["code2wav"] = "own_stage" if placement == "own_stage" else "in_talker"
+    talker["process"] = "entry" if placement == "in_entry" else "own"
+    raw.setdefault("entry", {})["instances"] = 1
     out.write_text(yaml.safe_dump(raw))
     return out
 
@@ -78,24 +84,29 @@ def main(argv: list[str] | None = None) -> int:
         local = _InProcess(model, str(deploy_with(base, "own_stage", work / "local.yaml")), request)
         first = yaml.safe_load(base.read_text()).get("async_chunk", {}).get("initial_chunk_frames", 2)
         times: dict[str, list[float]] = {p: [] for p in PLACEMENTS}
-        for name in ("in-process", "in-process engine", "in-process decode", "own_stage: talker alone",
+        for name in ("in-process", "in-process engine", "in-process decode", "in-process prompt build",
+                     "in-process with its prompt build", "own_stage: talker alone",
                      "own_stage: code2wav alone", "in_talker: talker alone"):
             times[name] = []
         for k in range(args.rounds + 1):   # round 0 warms up
-            order = PLACEMENTS if k % 2 else PLACEMENTS[::-1]
+            order = PLACEMENTS[k % 3:] + PLACEMENTS[:k % 3]
             got = {p: synthesize(servers[p].grpc_url, args.pipeline, TEXT, params).ttfa_s for p in order}
             engine_s, decode_s = local.first_audio_s(first)
+            prompt_s = local.prompt_s()
             talker = {p: _talker_first_chunk_s(servers[p].grpc_url, f"{args.pipeline}__talker", request, first)
-                      for p in order}
+                      for p in order if p in SEPARATE_TALKER}
             codec = _codec_call_s(servers["own_stage"].grpc_url, f"{args.pipeline}__code2wav", talker["own_stage"][1])
             if k:
                 for p in PLACEMENTS:
                     times[p].append(got[p] * 1000)
+                for p in SEPARATE_TALKER:
                     times[f"{p}: talker alone"].append(talker[p][0] * 1000)
                 times["own_stage: code2wav alone"].append(codec * 1000)
                 times["in-process"].append((engine_s + decode_s) * 1000)
                 times["in-process engine"].append(engine_s * 1000)
                 times["in-process decode"].append(decode_s * 1000)
+                times["in-process prompt build"].append(prompt_s * 1000)
+                times["in-process with its prompt build"].append((prompt_s + engine_s + decode_s) * 1000)
         inproc = statistics.median(times["in-process"])
         print(f"\n{args.pipeline} {args.size or ''}, c = 1, {args.rounds} rounds, first audio ms:\n")
         print("| first audio (pipeline) or part | p50 ms | p95 ms | / in-process p50 |")

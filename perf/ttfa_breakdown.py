@@ -113,11 +113,24 @@ class _InProcess:
         self.decoder.batch_invariant = s1.batch_invariant
         defaults = dataclasses.replace(self.engine.default_params, **s0.default_sampling_params)
         self.params = sampling_params_from_request(defaults, request)
-        self.prompt = self.engine.runner.checkpoint.prompt_builder().build(
-            request["text"], speaker=request.get("voice"), language=request.get("language"),
-            instruct=request.get("instructions"), non_streaming_mode=request.get("non_streaming_mode"))
+        self.request = request
+        self.builder = self.engine.runner.checkpoint.prompt_builder()
+        self.prompt = self.build_prompt()
         self.torch = torch
         self.rounds = 0
+
+    def build_prompt(self):
+        request = self.request
+        return self.builder.build(request["text"], speaker=request.get("voice"), language=request.get("language"),
+                                  instruct=request.get("instructions"),
+                                  non_streaming_mode=request.get("non_streaming_mode"))
+
+    def prompt_s(self) -> float:
+        """Seconds to build the request's prompt (tokenize; what a served stage does before its
+        engine, and the engine timing above leaves out)."""
+        t0 = time.perf_counter()
+        self.build_prompt()
+        return time.perf_counter() - t0
 
     def first_audio_s(self, frames: int) -> tuple[float, float]:
         """Seconds of the engine to its first `frames` frames, and of the decoder on that window."""

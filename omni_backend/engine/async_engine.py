@@ -16,6 +16,9 @@ A request added with ``after_event=fn`` has ``fn(event)`` called in the engine t
 events before the event is delivered: side work on a request's frames (a codec decoding its own
 windows) runs there between steps, in turn with them, instead of in another thread of the process
 that would contend with the steps for the GIL. An exception in it ends the request with that error.
+An event for which ``fn`` returns False is not delivered (its last event always is): a consumer
+that only reads the side work's results is woken when there is one, not once per frame, and each
+wake-up it is spared is a GIL hand-over the engine thread does not wait for.
 
 A request added with ``input_open=True`` takes more input with ``append_input`` (thread-safe).
 While every running request waits for input the thread sleeps until input, a new request or a
@@ -103,7 +106,7 @@ class AsyncEngine:
     def __init__(self, engine: AREngine, start: bool = True) -> None:
         self.engine = engine
         self._streams: dict[str, FrameStream] = {}
-        self._after_event: dict[str, Callable[[FrameEvent], None]] = {}
+        self._after_event: dict[str, Callable[[FrameEvent], Optional[bool]]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -118,9 +121,10 @@ class AsyncEngine:
 
     def add_request(self, request_id: str, prompt: Any, params: Optional[SamplingParams] = None,
                     input_open: bool = False,
-                    after_event: Optional[Callable[[FrameEvent], None]] = None) -> FrameStream:
+                    after_event: Optional[Callable[[FrameEvent], Optional[bool]]] = None) -> FrameStream:
         """Queue a request (call from a running event loop). Bad parameters raise here.
-        ``after_event``: called in the engine thread on each of its events before delivery."""
+        ``after_event``: called in the engine thread on each of its events before delivery (an
+        event it returns False for is not delivered, unless it is the last)."""
         if self._closed:
             raise EngineClosedError("the engine is closed")
         loop = asyncio.get_running_loop()
@@ -202,7 +206,8 @@ class AsyncEngine:
                     continue
                 if after is not None:
                     try:
-                        after(event)
+                        if after(event) is False and not event.finished:
+                            continue
                     except Exception as exc:  # noqa: BLE001 - the request's own side work: it ends with it
                         if not event.finished:
                             with self._lock:

@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 QWEN = "qwen3_tts_tiny_random"
 
 
-def repository(out: Path, pipelines: list[str], eos_after: int) -> Path:
+def repository(out: Path, pipelines: list[str], eos_after: int, talker: dict | None = None) -> Path:
     """Write the models of `pipelines` under `out` (a new folder; the tiny model's deploy YAML goes
-    beside it: the repository folder holds models only); returns `out`."""
+    beside it: the repository folder holds models only; `talker`: deploy keys for its stage 0);
+    returns `out`."""
     from ensemble_builder.build import build
 
     out.mkdir(parents=True)
@@ -31,6 +32,7 @@ def repository(out: Path, pipelines: list[str], eos_after: int) -> Path:
     if QWEN in pipelines:
         deploy = yaml.safe_load((ROOT / "deploy" / f"{QWEN}.yaml").read_text())
         deploy["stages"][0].setdefault("default_sampling_params", {})["min_new_tokens"] = eos_after
+        deploy["stages"][0].update(talker or {})
         path = out.parent / f"{QWEN}.long_streams.yaml"
         path.write_text(yaml.safe_dump(deploy))
         build(QWEN, out, path)

@@ -184,6 +184,18 @@ class StageStream:
         appended text, sent later waits there for it to arrive), or opening it failed."""
         await self._opened.wait()
 
+    async def append_text(self, text: str, end: bool) -> None:
+        """More text for the stream (`end`: the text is complete); raises the stage's error."""
+        await self.opened()
+        await asyncio.get_running_loop().run_in_executor(self.executor, append_stage_text, self.model_name,
+                                                         self.request_id, text, end)
+
+    async def append_inputs(self, inputs: list, end: bool) -> None:
+        """More of the stream's declared input tensors (`end`: the source ended)."""
+        await self.opened()
+        await asyncio.get_running_loop().run_in_executor(self.executor, append_stage_inputs, self.model_name,
+                                                         self.request_id, inputs, end)
+
     async def aclose(self) -> None:
         """Stop the stage's stream if it is still running. A stream whose opening call is still in
         flight (the client left right after asking) is stopped as soon as the request is on its

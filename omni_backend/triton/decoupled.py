@@ -46,11 +46,11 @@ CANCEL_POLL_S = 0.1   # how often a waiting stream checks whether its client lef
 class StreamContext:
     """Per-request state of one stream; lives exactly as long as the stream."""
 
-    def __init__(self, request: "pb_utils.InferenceRequest", sender: Any = None):
+    def __init__(self, request: "pb_utils.InferenceRequest | None", sender: Any = None):
         self.request = request
         # the request's response sender, or what stands in for it (a stream pulled by its caller)
         self.sender = sender if sender is not None else request.get_response_sender()
-        self.request_id = request.request_id() or ""
+        self.request_id = (request.request_id() if request is not None else "") or ""
         self._cancelled = False
         self.abort: PipelineError | None = None   # why the model ended this stream itself
         self.final_sent = False
@@ -139,6 +139,18 @@ class DecoupledModel:
         stub_process.start_heartbeat(self.loop, self.responses.stalled_for)
         self.setup()
         freeze_loaded_objects()   # the periodic full collection skips what start-up loaded
+
+    def run_inside(self, host: "DecoupledModel", model_name: str, parameters: dict[str, str]) -> None:
+        """Set up as a part of `host`'s process instead of as a Triton model of its own (a stage
+        run in the entry's process, omni_backend/triton/local_stage.py): the host's event loop,
+        threads and response thread, then `setup()`. The host calls `release_resources()`."""
+        self.model_config = {"parameters": {}, "input": []}
+        self.model_name = model_name
+        self.parameters = dict(parameters)
+        self.active = {}
+        self.tasks = set()
+        self.executor, self.loop, self.responses = host.executor, host.loop, host.responses
+        self.setup()
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)

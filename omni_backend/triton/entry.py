@@ -36,6 +36,7 @@ from omni_backend.pipeline import StageConfig, TensorSpec
 from omni_backend.playback import Playback
 from omni_backend.triton.bls import call_stage, ping_stage
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
+from omni_backend.triton.local_stage import LocalStage
 from omni_backend.triton.metrics import PipelineMetrics
 from omni_backend.triton.stage_liveness import StageLiveness
 from omni_backend.triton.stream_broadcast import Broadcast
@@ -79,7 +80,10 @@ class PipelineEntry(DecoupledModel):
         self.liveness = StageLiveness()
         self.transfers = {s.stage_id: import_path(s.transfer)(self.pipeline, s, self.deploy)
                           for s in self.pipeline.stages if s.transfer}
-        self.text_inputs = TextInputs(self)
+        # stages deployed with `process: entry` run here (local_stage.py); the rest over BLS
+        self.local_stages = {s.stage_id: LocalStage(self, self.pipeline, s) for s in self.pipeline.stages
+                             if self.deploy.stage(s.stage_id).process == "entry"}
+        self.text_inputs = TextInputs()
         self.client_specs = {t.name: t for t in self.pipeline.client_output_specs()}
 
     async def control(self, request: "pb_utils.InferenceRequest", command: str) -> None:
@@ -115,6 +119,8 @@ class PipelineEntry(DecoupledModel):
     async def ping_stage(self, stage: StageConfig, request_id: str) -> None:
         """Whether a stage answers: CONTROL=ping to a stream stage, empty inputs to a batched one."""
         name = self.pipeline.stage_model_name(stage)
+        if stage.stage_id in self.local_stages:   # it runs on this loop, which answers
+            return
         if stage.kind == "stream":
             await self.run_blocking(ping_stage, name, request_id)
             return
@@ -219,7 +225,12 @@ class PipelineEntry(DecoupledModel):
         return pb_utils.Tensor(spec.name, np.ascontiguousarray(value, dtype=spec.numpy_dtype))
 
     def _stages_ready(self) -> bool:
-        return all(pb_utils.is_model_ready(self.pipeline.stage_model_name(stage)) for stage in self.pipeline.stages)
+        return all(pb_utils.is_model_ready(self.pipeline.stage_model_name(stage)) for stage in self.pipeline.stages
+                   if stage.stage_id not in self.local_stages)
+
+    def release_resources(self) -> None:
+        for local in self.local_stages.values():
+            local.close()
 
     async def stream(self, ctx: StreamContext) -> AsyncIterator[list["pb_utils.Tensor"]]:
         if self.resuming is not None:   # asked of Triton off the loop, until the stages are back

@@ -123,22 +123,12 @@ class StageModel(DecoupledModel):
         if command not in ("cancel", "append"):
             return await super().control(request, command)
         rid = _request_id(request)
-        target = self.by_request_id.get(rid)
         if command == "append":
             text, end = parse_stage_append(input_bytes(request, "REQUEST"))
             inputs = self._inputs(request, required=False)
             if inputs and text:
                 raise InvalidRequest("REQUEST", "an append carries text or input tensors, not both")
-            deadline = time.monotonic() + TARGET_WAIT_S
-            while target is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-                target = self.by_request_id.get(rid)
-            if target is None or target.cancelled():
-                raise InvalidRequest("REQUEST_ID", f"{self.model_name} has no open stream {rid!r} to append to")
-            if inputs:
-                await self.on_append_inputs(target, inputs, end)
-            else:
-                await self.on_append(target, text, end)
+            await self.append(rid, text, inputs, end)
             return
         if self._cancel(rid):
             return
@@ -147,6 +137,21 @@ class StageModel(DecoupledModel):
             if now - when > 2 * TARGET_WAIT_S:
                 del self.early_cancels[old]
         self.early_cancels[rid] = now
+
+    async def append(self, rid: str, text: str, inputs: dict[str, np.ndarray], end: bool) -> None:
+        """More text (or, with `inputs`, input tensors) for the stream with request id `rid`, which
+        may still be on its way here."""
+        target = self.by_request_id.get(rid)
+        deadline = time.monotonic() + TARGET_WAIT_S
+        while target is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            target = self.by_request_id.get(rid)
+        if target is None or target.cancelled():
+            raise InvalidRequest("REQUEST_ID", f"{self.model_name} has no open stream {rid!r} to append to")
+        if inputs:
+            await self.on_append_inputs(target, inputs, end)
+        else:
+            await self.on_append(target, text, end)
 
     async def on_append(self, ctx: StreamContext, text: str, end: bool) -> None:
         """More text for a running stream (`end`: its input is complete); raise InvalidRequest to
@@ -186,8 +191,13 @@ class StageModel(DecoupledModel):
 
     async def stream(self, ctx: StreamContext) -> AsyncIterator[list["pb_utils.Tensor"]]:
         rid = (input_bytes(ctx.request, "REQUEST_ID") or b"").decode() or ctx.request_id
-        request = self._request(ctx)
-        inputs = self._inputs(ctx.request, required=True)
+        async for tensors in self.open_stream(ctx, rid, self._request(ctx), self._inputs(ctx.request, required=True)):
+            yield tensors
+
+    async def open_stream(self, ctx: StreamContext, rid: str, request: dict[str, Any] | None,
+                          inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        """One stream, its request already read: over Triton (`stream`) or in the entry's process
+        (omni_backend/triton/local_stage.py)."""
         ctx.stage_request_id = rid
         self.by_request_id[rid] = ctx
         if self.early_cancels.pop(rid, None) is not None:

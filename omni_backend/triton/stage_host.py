@@ -1,7 +1,6 @@
 """What stage calls need of the model that makes them (the entry): the `StageHost` protocol.
 
-Transfers (omni_backend/triton/transfer.py) and appended text (omni_backend/triton/text_input.py)
-call stages through it and never through the entry itself, so the API families write against
+Transfers (omni_backend/triton/transfer.py) call stages through it and never through the entry itself, so the API families write against
 does not depend on the entry's internals (and the entry may import them freely).
 """
 from __future__ import annotations
@@ -12,6 +11,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
     from omni_backend.triton.decoupled import StreamContext
+    from omni_backend.triton.local_stage import LocalStage
     from omni_backend.triton.stage_liveness import StageLiveness
 
 T = TypeVar("T")
@@ -22,6 +22,7 @@ class StageHost(Protocol):
 
     executor: "Executor"        # BLS calls run here, never on the event loop
     liveness: "StageLiveness"   # told of every stage answer (its pings then need not wait)
+    local_stages: "dict[int, LocalStage]"   # stages in this process (`process: entry`), by stage id
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the executor."""

@@ -9,7 +9,8 @@ complete. The answer is empty once the stages that read the client's request too
 error (`invalid_request: request_id: ...` when no such stream is open on this instance).
 
 The entry hands each piece, in arrival order, to every stage fed by the client's request, with
-`CONTROL=append` and that stage stream's own REQUEST_ID (bls.append_stage_text), never before the
+`CONTROL=append` and that stage stream's own REQUEST_ID (bls.append_stage_text; a stage in the
+entry's process is handed it directly, local_stage.py), never before the
 stage has been sent the stream's request itself. Text travels only between one entry instance and
 its stages: with several entry instances a piece can reach an instance that does not hold the
 stream, and is refused.
@@ -19,19 +20,24 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from omni_backend.adapters.base import MAX_TEXT_CHARS, check_string, shown
 from omni_backend.errors import InvalidRequest
 
-if TYPE_CHECKING:
-    from omni_backend.triton.bls import StageStream
-    from omni_backend.triton.stage_host import StageHost
 
 STREAMING_INPUT = "streaming_input"   # the request parameter of pipelines that read text as it arrives
 # An append sent on its own gRPC call may overtake the request that opens its stream: it waits this
 # long for the stream to appear (the same holds between the entry and a stage).
 TARGET_WAIT_S = 5.0
+
+
+class TextTarget(Protocol):
+    """A stage's stream that takes text (bls.StageStream, local_stage.LocalStageStream)."""
+
+    async def append_text(self, text: str, end: bool) -> None:
+        """Hand the piece to the stage once it has the stream; raises the stage's error."""
+        ...
 
 
 def _piece(raw: bytes | str | None, field: str) -> str:
@@ -92,8 +98,7 @@ def parse_stage_append(raw: bytes | None) -> tuple[str, bool]:
 class TextForwarder:
     """One stream's pieces, handed to its stages one at a time in arrival order."""
 
-    def __init__(self, host: "StageHost", targets: list["StageStream"]):
-        self.host = host
+    def __init__(self, targets: list[TextTarget]):
         self.targets = targets
         self.ended = False
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -112,15 +117,11 @@ class TextForwarder:
         await done
 
     async def _run(self) -> None:
-        from omni_backend.triton.bls import append_stage_text
-
         while True:
             piece, end, done = await self._queue.get()
             try:
                 for target in self.targets:
-                    await target.opened()
-                    await self.host.run_blocking(append_stage_text, target.model_name, target.request_id,
-                                                  piece, end)
+                    await target.append_text(piece, end)
             except Exception as e:  # the piece's own request answers with it
                 if not done.done():
                     done.set_exception(e)
@@ -141,16 +142,15 @@ class TextForwarder:
 class TextInputs:
     """An entry's streams that take text while they run, by the client's request id."""
 
-    def __init__(self, host: "StageHost"):
-        self.host = host
+    def __init__(self) -> None:
         self.open: dict[str, TextForwarder] = {}
 
-    def register(self, request_id: str, targets: list["StageStream"]) -> TextForwarder:
+    def register(self, request_id: str, targets: list[TextTarget]) -> TextForwarder:
         if not request_id:
             raise InvalidRequest("request_id", f"{STREAMING_INPUT} needs a request id (text is appended by it)")
         if request_id in self.open:
             raise InvalidRequest("request_id", f"a stream with request id {request_id!r} is already taking text")
-        forwarder = self.open[request_id] = TextForwarder(self.host, targets)
+        forwarder = self.open[request_id] = TextForwarder(targets)
         return forwarder
 
     async def unregister(self, request_id: str, forwarder: TextForwarder) -> None:

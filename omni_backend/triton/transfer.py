@@ -14,16 +14,19 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.deploy import DeployConfig
 from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
-from omni_backend.triton.bls import StageStream, append_stage_inputs, call_stage
+from omni_backend.triton.bls import StageStream, call_stage
 from omni_backend.triton.decoupled import StreamContext, bytes_tensor
 from omni_backend.triton.stage_host import StageHost
+
+if TYPE_CHECKING:
+    from omni_backend.triton.local_stage import LocalStageStream
 
 Outputs = dict[str, np.ndarray]
 
@@ -54,24 +57,31 @@ class StageCall:
             raise ValueError(f"{self.model_name} declares no inputs {sorted(unknown)}")
         return [stage_tensor(self._specs[name], value) for name, value in tensors.items()]
 
-    def stream(self, tensors: dict[str, Any] | None = None, request: dict[str, Any] | None = None) -> StageStream:
-        """Open a stream on a stream stage; closed with the client's request at the latest."""
+    def stream(self, tensors: dict[str, Any] | None = None,
+               request: dict[str, Any] | None = None) -> "StageStream | LocalStageStream":
+        """Open a stream on a stream stage (over BLS, or in this process for a stage deployed
+        with `process: entry`); closed with the client's request at the latest."""
         inputs = self._inputs(tensors or {})
-        if request is not None:
-            inputs.append(bytes_tensor("REQUEST", json.dumps(request)))
         rid = self.request_id if self._calls == 0 else f"{self.request_id}-{self._calls}"
         self._calls += 1
+        local = self.host.local_stages.get(self.stage.stage_id)
+        if local is not None:
+            stream = local.stream(self.ctx, rid, request, {t.name(): t.as_numpy() for t in inputs})
+            self.ctx.resources.append(stream)
+            return stream
+        if request is not None:
+            inputs.append(bytes_tensor("REQUEST", json.dumps(request)))
         stream = StageStream(self.host.executor, self.model_name, rid, [*inputs, bytes_tensor("REQUEST_ID", rid)],
                              [t.name for t in self.stage.outputs], self.host.liveness)
         self.ctx.resources.append(stream)
         return stream
 
-    async def append(self, stream: StageStream, tensors: dict[str, Any], end: bool = False) -> None:
+    async def append(self, stream: "StageStream | LocalStageStream", tensors: dict[str, Any], end: bool = False) -> None:
         """More input tensors for a stream this call opened (the source's next chunk; `end`: the
         source ended). Await each append before the next: they arrive in order."""
         inputs = self._inputs(tensors)
         await self.wait(stream.opened())
-        await self.wait(self.host.run_blocking(append_stage_inputs, self.model_name, stream.request_id, inputs, end))
+        await self.wait(stream.append_inputs(inputs, end))
 
     async def call(self, tensors: dict[str, Any]) -> Outputs:
         """One request to a batched stage, one answer."""

@@ -1,5 +1,7 @@
 """The tiny random Qwen3-TTS served with code2wav in the talker's process (the talker stage's
-option `code2wav: in_talker`, deploy/qwen3_tts_tiny_random.in_talker.yaml), by a real tritonserver.
+option `code2wav: in_talker`, deploy/qwen3_tts_tiny_random.in_talker.yaml), by a real tritonserver;
+and the same with the talker in the entry's process too (`process: entry`,
+deploy/qwen3_tts_tiny_random.in_entry.yaml): the whole pipeline in one process.
 
 The served audio must be what the two-process deploy serves: equal to the in-process engine and
 decoder with the deploy's chunk schedule, also under concurrency, the chunks cut as that schedule
@@ -41,12 +43,12 @@ def _request(params: dict) -> dict:
     return params if "seed" in params else {**GREEDY, **params}
 
 
-@pytest.fixture(scope="module")
-def in_talker(tmp_path_factory, fresh_builtin_checkpoints):
+@pytest.fixture(scope="module", params=["in_talker", "in_entry"])
+def in_talker(request, tmp_path_factory, fresh_builtin_checkpoints):
     from ensemble_builder.build import build
 
-    base = tmp_path_factory.mktemp("in_talker")
-    build(PIPELINE, base / "model_repository", DEPLOY)
+    base = tmp_path_factory.mktemp(request.param)
+    build(PIPELINE, base / "model_repository", ROOT / "deploy" / f"{PIPELINE}.{request.param}.yaml")
     server = TritonProcess(base / "model_repository", log_path=base / "tritonserver.log")
     server.start()
     try:
@@ -121,6 +123,13 @@ def test_the_talker_streams_audio_not_codes(in_talker):
     leave its process (so the entry calls no code2wav)."""
     from omni_backend.deploy import load_deploy
 
+    if not (in_talker.repo / f"{PIPELINE}__talker").exists():   # in the entry's process: no model to ask
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(in_talker.grpc_url)
+        assert client.is_model_ready(PIPELINE) and not client.is_model_ready(f"{PIPELINE}__talker")
+        client.close()
+        return
     responses = talker_responses(in_talker.grpc_url, "Hello there.", {"max_new_tokens": 12})
     assert [r["CODES"] for r in responses] == [None] * len(responses)
     sizes = [r["AUDIO"].size // 1920 for r in responses]

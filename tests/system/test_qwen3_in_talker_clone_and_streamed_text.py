@@ -1,6 +1,8 @@
 """code2wav in the talker's process (the talker stage's option `code2wav: in_talker`) for voice
 cloning and streamed text, by one real tritonserver holding the tiny random CustomVoice and Base
-pipelines, both built from their default deploys with that option.
+pipelines, both built from their default deploys with that option; the module runs twice: with
+the talker a Triton model of its own (`process: own`) and inside the entry's process
+(`process: entry`, omni_backend/triton/local_stage.py: one process for the whole pipeline).
 
 - a served clone equals the in-process engine + windowed decoder bit for bit, in-context (the
   reference codes codec left context, never heard; also the reference's decode of ref + new codes
@@ -43,15 +45,22 @@ ENGLISH = "Hello world, this is a streaming test. It speaks while an LLM is stil
 TEXT_WAIT_S = 4.0
 
 
+@pytest.fixture(scope="module", params=["own", "entry"])
+def process(request) -> str:
+    """Where the talker runs (stage 0's deploy key `process`)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def deploys(tmp_path_factory) -> dict[str, Path]:
-    """Each pipeline's default deploy with stage 0's `code2wav: in_talker` (CustomVoice's with a
-    short `text_wait_s`)."""
+def deploys(tmp_path_factory, process) -> dict[str, Path]:
+    """Each pipeline's default deploy with stage 0's `code2wav: in_talker` and `process` (CustomVoice's
+    with a short `text_wait_s`)."""
     base = tmp_path_factory.mktemp("in_talker_deploys")
     out = {}
     for pipeline in (CUSTOM, BASE):
         deploy = yaml.safe_load((ROOT / "deploy" / f"{pipeline}.yaml").read_text())
         deploy["stages"][0].setdefault("options", {})["code2wav"] = "in_talker"
+        deploy["stages"][0]["process"] = process
         if pipeline == CUSTOM:   # a short wait for text, so its bound can be seen
             deploy["stages"][0]["options"]["text_wait_s"] = TEXT_WAIT_S
         out[pipeline] = base / f"{pipeline}.in_talker.yaml"
@@ -177,8 +186,17 @@ def test_served_clone_equals_in_process(server, reference, voices, solo):
     np.testing.assert_array_equal(served.audio, reference.windowed_audio(codes, context, params))
 
 
-def test_the_talker_sends_a_clone_audio_not_codes(server, reference, voices):
-    """In-context: the reference codes stay in the talker (codec context of its own windows)."""
+def test_the_talker_sends_a_clone_audio_not_codes(server, reference, voices, process):
+    """In-context: the reference codes stay in the talker (codec context of its own windows). In
+    the entry's process the talker has no Triton model to ask: the repository has none."""
+    if process == "entry":
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        assert client.is_model_ready(BASE) and not client.is_model_ready(f"{BASE}__talker")
+        client.close()
+        assert not (server.repo / f"{BASE}__talker").exists()
+        return
     _, text, params = _requests(voices)["clone_icl"]
     req = reference.adapter.validate(text, {**params, "max_new_tokens": 8})
     responses = talker_stage_responses(server.grpc_url, BASE, req, outputs=("AUDIO", "CODES", "CONTEXT_CODES"))

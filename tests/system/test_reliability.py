@@ -233,6 +233,44 @@ def test_a_killed_stage_is_noticed_and_the_pipeline_heals(own_server, triton, tm
         shim.stop()
 
 
+def test_a_killed_entry_that_holds_the_talker_comes_back_with_it(tmp_path):
+    """The whole Qwen3-TTS pipeline in the entry's process (`process: entry`, code2wav in the
+    talker): killing that one stub ends its streams with a coded error within 5 s, and the
+    supervisor brings back an entry that holds a new engine and speaks as before."""
+    talker = {"process": "entry", "options": {"code2wav": "in_talker"}}
+    repo = long_streams.repository(tmp_path / "model_repository", [QWEN], eos_after=LONG_FRAMES, talker=talker)
+    assert not (repo / f"{QWEN}__talker").exists()
+    server = TritonProcess(repo, log_path=tmp_path / "tritonserver.log")
+    server.start(timeout_s=300)
+    try:
+        wait_until(lambda: "watching" in server.log_text(), 30)
+        before = Stream(server.grpc_url, QWEN, "Before the kill.", {"max_new_tokens": 12}).start()
+        before.wait(120)
+        assert before.end == "final" and before.chunks >= 1
+        streams = [Stream(server.grpc_url, QWEN, f"Stream {i} talks for a long time.", LONG).start() for i in range(2)]
+        for s in streams:
+            assert s.first.wait(120), s.end
+        entry = stage_stubs(server, QWEN)
+        assert len(entry) == 1 and not stage_stubs(server, f"{QWEN}__talker")
+        first_server = server_pid(server)
+        killed_at = time.monotonic()
+        os.kill(entry[0].pid, signal.SIGKILL)
+        for s in streams:
+            s.wait(15)
+            assert s.end != "final" and s.ended_at - killed_at < 5.0, (s.end, s.ended_at - killed_at)
+            assert s.status == "StatusCode.UNAVAILABLE" or error_code(s.end) == "unavailable", (s.status, s.end)
+        wait_until(lambda: server.server_pid not in (None, first_server) and ready(server) == 200
+                   and model_ready(server, QWEN), 180, 0.2)
+        again = Stream(server.grpc_url, QWEN, "Before the kill.", {"max_new_tokens": 12}).start()
+        again.wait(120)
+        assert again.end == "final" and again.chunks == before.chunks
+        new_entry = stage_stubs(server, QWEN)
+        assert len(new_entry) == 1 and new_entry[0].pid != entry[0].pid
+        assert metric(server.metrics_url, "omni_stage_active_requests", model=f"{QWEN}__talker") == 0
+    finally:
+        server.stop()
+
+
 def test_a_frozen_stage_is_killed_and_reloaded(own_server):
     server = own_server
     stream = Stream(server.grpc_url, "hibari", HIBARI_LONG, {"speed": 0.5}).start()

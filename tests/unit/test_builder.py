@@ -132,3 +132,18 @@ def test_qwen3_omni_gpu_deploy_builds(tmp_path):
         assert (sd.device, sd.dtype, sd.options["batch_mode"]) == ("cuda", "bfloat16", "throughput")
         assert sd.cuda_graph_sizes == [1, 2, 4, 8, 16] and not sd.enforce_eager and sd.max_num_seqs == 16
     assert deploy.stage(2).device == "cuda" and deploy.stage(2).dtype == "float32"
+
+
+def test_a_stage_in_the_entry_process_gets_no_model(tmp_path):
+    """`process: entry`: the entry loads the stage itself; the repository has no model for it (a
+    stale one from an earlier build is removed), and the entry does not wait for one."""
+    from ensemble_builder.build import build
+
+    pipeline = "qwen3_tts_tiny_random"
+    build(pipeline, tmp_path)
+    assert (tmp_path / f"{pipeline}__talker").is_dir()
+    written = build(pipeline, tmp_path, Path(__file__).resolve().parents[2] / "deploy" / f"{pipeline}.in_entry.yaml")
+    assert sorted(p.name for p in written) == [pipeline, f"{pipeline}__code2wav"]
+    assert not (tmp_path / f"{pipeline}__talker").exists()
+    entry = (tmp_path / pipeline / "config.pbtxt").read_text()
+    assert re.search(r'key: "stages"\s*value \{\s*string_value: "qwen3_tts_tiny_random__code2wav"', entry), entry

@@ -214,3 +214,31 @@ def test_qwen3_omni_batch_mode_defaults_to_exact():
                        ("qwen3_omni_tiny_random.throughput.yaml", "throughput")):
         cfg = check_options(load_deploy(DEPLOY_DIR / name), get_pipeline(load_deploy(DEPLOY_DIR / name).pipeline))
         assert [cfg.stage(i).options["batch_mode"] for i in (0, 1)] == [mode, mode], name
+
+
+@pytest.mark.parametrize("pipeline, raw, key, says", [
+    ("qwen3_tts_tiny_random", {"stages": [{"stage_id": 0, "process": "thread"}]}, "stages[0].process", "own, entry"),
+    ("qwen3_tts_tiny_random", {"stages": [{"stage_id": 1, "process": "entry"}]}, "stages[0].process",
+     "code2wav is not one"),   # a batched stage: called per window, batched across streams
+    ("qwen3_tts_tiny_random", {"stages": [{"stage_id": 0, "process": "entry", "instances": 2}]},
+     "stages[0].process", "instances: 1"),
+    ("qwen3_tts_tiny_random", {"entry": {"instances": 2}, "stages": [{"stage_id": 0, "process": "entry"}]},
+     "stages[0].process", "entry.instances: 1"),
+    ("orpheus_tiny_random", {"stages": [{"stage_id": 0, "process": "entry", "engine": "vllm"}]},
+     "stages[0].process", "engine: torch"),
+    ("qwen3_omni_tiny_random", {"stages": [{"stage_id": 1, "process": "entry"}]}, "stages[0].process",
+     "fed by the client's request"),   # the talker is fed by the thinker
+])
+def test_a_stage_in_the_entry_process_is_checked(pipeline, raw, key, says):
+    from omni_backend.deploy import check_options
+    from omni_backend.families import get_pipeline
+
+    with pytest.raises(DeployError) as e:
+        check_options(parse_deploy({"pipeline": pipeline, **raw}, "deploy/x.yaml"), get_pipeline(pipeline))
+    assert str(e.value).startswith(f"deploy/x.yaml: {key}:") and says in str(e.value), str(e.value)
+
+
+def test_process_defaults_to_own_and_reads_back():
+    cfg = parse_deploy({"pipeline": "p", "stages": [{"stage_id": 0, "process": "entry"}, {"stage_id": 1}]})
+    assert [cfg.stage(i).process for i in (0, 1, 2)] == ["entry", "own", "own"]
+    assert parse_deploy(cfg.to_dict()).to_dict() == cfg.to_dict()

@@ -119,3 +119,32 @@ def test_after_event_runs_in_the_engine_thread_before_delivery(cv):
     assert hooked == plain and len(plain) >= 3   # so the failing hook met index 2
     assert [i for i, _ in seen] == list(range(len(plain))) and {name for _, name in seen} == {"ar-engine"}
     assert isinstance(failed, ValueError) and str(failed) == "side work failed"
+
+
+def test_events_the_hook_declines_are_not_delivered(cv):
+    """`after_event` returning False keeps that event from the stream (its consumer is woken only
+    for what it reads); the last event is delivered whatever the hook says."""
+    prompt = cv.prompt_builder().build("Hello there.", speaker="ryan")
+    hooked: list[int] = []
+
+    def every_third(event):
+        hooked.append(event.index)
+        return event.index % 3 == 0
+
+    async def main():
+        engine = AsyncEngine(create_engine(cv, max_num_seqs=2, max_model_len=128, num_threads=1))
+        try:
+            params = SamplingParams.greedy(max_new_tokens=8)
+            plain = [e async for e in engine.add_request("a", prompt, params)]
+            kept = [e async for e in engine.add_request("b", prompt, params, after_event=lambda e: False)]
+            some = [e async for e in engine.add_request("c", prompt, params, after_event=every_third)]
+            return plain, kept, some
+        finally:
+            engine.close()
+
+    plain, kept, some = asyncio.run(main())
+    assert len(plain) >= 5 and plain[-1].finished
+    assert [(e.index, e.finished) for e in kept] == [(plain[-1].index, True)]
+    assert hooked == [e.index for e in plain]
+    assert [e.index for e in some] == [e.index for e in plain if e.index % 3 == 0 or e.finished]
+    assert [e.codes for e in some] == [e.codes for e in plain if e.index % 3 == 0 or e.finished]

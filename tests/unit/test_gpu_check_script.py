@@ -124,3 +124,23 @@ def test_frame_profile_compiled_line_dry_run(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert bad.returncode == 2 and "--compile" in bad.stderr
+
+
+@pytest.mark.parametrize("placement", ["own_stage", "in_talker", "in_entry"])
+def test_served_deploy_of_each_placement_is_valid(placement):
+    """`check.sh --placement X` serves the 1.7B with that deploy: it must pass the builder's checks
+    (a GPU run that fails on its deploy measures nothing)."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "perf" / "gpu"))
+    try:
+        from check import PLACEMENTS, served_deploy
+    finally:
+        sys.path.remove(str(ROOT / "perf" / "gpu"))
+    from omni_backend.deploy import check_options, parse_deploy
+    from omni_backend.families import get_pipeline
+
+    cfg = check_options(parse_deploy(yaml.safe_load(served_deploy([1, 4, 16], placement)), "gpu.yaml"),
+                        get_pipeline("qwen3_tts"))
+    assert (cfg.stage(0).process, cfg.stage(0).options["code2wav"]) == PLACEMENTS[placement]
+    assert cfg.stage(0).device == cfg.stage(1).device == "cuda" and cfg.stage(0).max_num_seqs == 16

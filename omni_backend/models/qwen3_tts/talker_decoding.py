@@ -69,12 +69,13 @@ class WindowCutter:
         self.emitted = 0
         self.ready: deque[np.ndarray] = deque()
 
-    def __call__(self, event: Any) -> None:
-        """An engine event of the request (engine thread): its frame, and the windows it completes."""
+    def __call__(self, event: Any) -> bool:
+        """An engine event of the request (engine thread): its frame, and the windows it completes;
+        whether the event brought audio (the stream is woken only then, or at its end)."""
         if event.codes is not None:
             self.held.append(np.asarray(event.codes, dtype=np.int64))
         if event.finished and event.finish_reason not in ("stop", "length"):
-            return   # cancelled, failed or timed out: nobody hears the rest
+            return True   # cancelled, failed or timed out: nobody hears the rest
         while (window := self.schedule.next_window(self.emitted, len(self.held) - self.first,
                                                    event.finished)) is not None:
             # the context reaches back into the context frames, as in CodecWindows.plan
@@ -82,6 +83,7 @@ class WindowCutter:
             start = self.first + self.emitted - left
             self.ready.append(self.windows.decode(self.held[start:self.first + window.end_frame], left))
             self.emitted = window.end_frame
+        return bool(self.ready)
 
     def take(self) -> list[np.ndarray]:
         """The audio decoded so far and not yet taken, in order (thread-safe: deque pops)."""
