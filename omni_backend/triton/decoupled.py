@@ -56,7 +56,10 @@ class StreamContext:
         self.final_sent = False
         self.task: asyncio.Task | None = None
         self.resources: list[Any] = []   # things with `async aclose()`, closed on release
-        self._asked_at = float("-inf")    # when Triton was last asked whether the client left
+        # when Triton was last asked whether the client left. Not at once: the first ask would fall
+        # on the first chunk's path (a round trip to tritonserver, ~1 ms of a small model's first
+        # audio); a client that leaves right away is seen within CANCEL_POLL_S, as later.
+        self._asked_at = time.monotonic()
 
     def cancelled(self) -> bool:
         """The client went away, or the stream is over. Once the final response is sent, Triton
