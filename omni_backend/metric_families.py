@@ -17,6 +17,7 @@ FAMILIES = {
     "omni_requests_total": ("Requests finished, by outcome", "COUNTER"),
     "omni_errors_total": ("Requests that ended in an error, by error code", "COUNTER"),
     "omni_stage_active_requests": ("Requests in flight inside a stage model", "GAUGE"),
+    "omni_stage_batched_requests_total": ("Requests a batched stage computed (liveness pings not counted)", "COUNTER"),
     "omni_voice_encodings_total": ("Reference recordings encoded for voice cloning (cache misses)", "COUNTER"),
     "omni_vllm_running_requests": ("Requests vLLM's scheduler is running (the engine's own count)", "GAUGE"),
     "omni_vllm_waiting_requests": ("Requests waiting in vLLM's scheduler (the engine's own count)", "GAUGE"),

@@ -160,7 +160,7 @@ def ttfa_breakdown(url: str, pipeline: str, model_dir: str, deploy_path: str, te
 
     deploy = load_deploy(deploy_path)
     frames = deploy.async_chunk.initial_chunk_frames
-    in_talker = deploy.stage(0).options.get("code2wav") == "in_talker"
+    in_talker = deploy.stage(0).options.get("code2wav") in ("in_talker", "adaptive")   # alone: it decodes
     request = Qwen3TTSAdapter.from_model(model_dir).validate(text, dict(params))
     local = _InProcess(model_dir, deploy_path, request)
     talker, codec, served, engine_s, decode_s = [], [], [], [], []

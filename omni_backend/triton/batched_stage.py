@@ -33,6 +33,7 @@ from omni_backend.errors import PipelineError
 from omni_backend.families import built_model
 from omni_backend.glibc_heaps import freeze_loaded_objects, release_free_memory_in_background
 from omni_backend.stubs import stub_process
+from omni_backend.triton.metrics import metric
 
 Inputs = dict[str, np.ndarray]
 
@@ -52,6 +53,7 @@ class BatchedStage:
         self.stage_config = self.pipeline.stages[int(self.parameters["stage_id"])]
         self.stage_deploy = self.deploy.stage(self.stage_config.stage_id)
         self.max_batch = max(1, int(config.get("max_batch_size", 0) or 1))
+        self.computed = metric("omni_stage_batched_requests_total", labels={"model": self.model_name})
         self.load()
         self._pending: queue.SimpleQueue = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._serve, name=f"{self.model_name}-batches", daemon=True)
@@ -144,6 +146,7 @@ class BatchedStage:
                 for i, out in zip(members, outputs):
                     responses[i] = pb_utils.InferenceResponse(
                         output_tensors=[pb_utils.Tensor(n, np.ascontiguousarray(a)) for n, a in out.items()])
+                self.computed.increment(len(members))
             except Exception as e:  # noqa: BLE001 - a bad window fails its own requests only
                 for i in members:
                     responses[i] = self._error_response(e)

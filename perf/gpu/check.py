@@ -232,7 +232,8 @@ def _static(device: str):
 
 # where code2wav and the talker run in the served deploy (README "Where code2wav runs"):
 # stage 0's (`process`, `options.code2wav`)
-PLACEMENTS = {"own_stage": ("own", "own_stage"), "in_talker": ("own", "in_talker"), "in_entry": ("entry", "in_talker")}
+PLACEMENTS = {"own_stage": ("own", "own_stage"), "in_talker": ("own", "in_talker"), "in_entry": ("entry", "in_talker"),
+              "adaptive": ("entry", "adaptive")}
 
 
 def served_deploy(concurrency: list[int], placement: str) -> str:
@@ -393,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--served-timeout", type=int, default=200)
     ap.add_argument("--placement", choices=sorted(PLACEMENTS), default="own_stage",
                     help="the served deploy's code2wav / talker placement (own_stage: two stages over BLS; "
-                         "in_talker: code2wav in the talker's process; in_entry: the whole pipeline in the entry's)")
+                         "in_talker: code2wav in the talker's process; in_entry: the whole pipeline in the entry's; "
+                         "adaptive: the talker in the entry's, code2wav there for a request alone, else batched)")
     args = ap.parse_args(argv)
     if args.served_only and (args.no_served or args.dry_run):
         ap.error("--served-only runs nothing with --no-served or --dry-run")

@@ -1,7 +1,10 @@
 """The tiny random Qwen3-TTS served with code2wav in the talker's process (the talker stage's
 option `code2wav: in_talker`, deploy/qwen3_tts_tiny_random.in_talker.yaml), by a real tritonserver;
 and the same with the talker in the entry's process too (`process: entry`,
-deploy/qwen3_tts_tiny_random.in_entry.yaml): the whole pipeline in one process.
+deploy/qwen3_tts_tiny_random.in_entry.yaml): the whole pipeline in one process; and with the talker
+there and code2wav placed per request (`code2wav: adaptive`, deploy/qwen3_tts_tiny_random.adaptive.yaml):
+a request alone is decoded by the talker, requests in company by code2wav, and the samples are the
+same (concurrent = solo mixes both placements).
 
 The served audio must be what the two-process deploy serves: equal to the in-process engine and
 decoder with the deploy's chunk schedule, also under concurrency, the chunks cut as that schedule
@@ -21,6 +24,7 @@ import torch
 
 from client.triton_process import TritonProcess
 from client.triton_stream import synthesize
+from tests.metrics_scrape import metric
 from tests.qwen3_fixtures import talker_stage_responses
 
 pytestmark = pytest.mark.system
@@ -43,13 +47,14 @@ def _request(params: dict) -> dict:
     return params if "seed" in params else {**GREEDY, **params}
 
 
-@pytest.fixture(scope="module", params=["in_talker", "in_entry"])
+@pytest.fixture(scope="module", params=["in_talker", "in_entry", "adaptive"])
 def in_talker(request, tmp_path_factory, fresh_builtin_checkpoints):
     from ensemble_builder.build import build
 
     base = tmp_path_factory.mktemp(request.param)
     build(PIPELINE, base / "model_repository", ROOT / "deploy" / f"{PIPELINE}.{request.param}.yaml")
     server = TritonProcess(base / "model_repository", log_path=base / "tritonserver.log")
+    server.placement = request.param
     server.start()
     try:
         yield server
@@ -137,8 +142,18 @@ def test_the_talker_streams_audio_not_codes(in_talker):
     assert sizes == [w.new_frames for w in schedule.plan(11)] == [2, 2, 3, 4]   # as the 40-token request above
 
 
+def _code2wav_calls(server) -> float:
+    """Windows code2wav decoded (its liveness pings not counted)."""
+    return metric(server.metrics_url, "omni_stage_batched_requests_total", model=f"{PIPELINE}__code2wav")
+
+
 def test_concurrent_requests_equal_their_solo_result(in_talker):
+    """Alone, every placement here decodes in the talker (code2wav is never called); together,
+    `adaptive` hands the windows of the requests that found company to code2wav, with the same
+    samples."""
+    calls = _code2wav_calls(in_talker)
     solo = [synthesize(in_talker.grpc_url, PIPELINE, t, _request(p)).audio for t, p in PROMPTS]
+    assert _code2wav_calls(in_talker) == calls
     barrier = threading.Barrier(len(PROMPTS))
 
     def run(i: int) -> np.ndarray:
@@ -150,3 +165,7 @@ def test_concurrent_requests_equal_their_solo_result(in_talker):
         together = list(pool.map(run, range(len(PROMPTS))))
     for i in range(len(PROMPTS)):
         np.testing.assert_array_equal(together[i], solo[i], err_msg=f"request {i}")
+    if in_talker.placement == "adaptive":   # all but the first to come found company
+        assert _code2wav_calls(in_talker) > calls
+    else:
+        assert _code2wav_calls(in_talker) == calls

@@ -179,7 +179,9 @@ def test_code2wav_placement_of_the_committed_deploys():
 
     pipeline = get_pipeline("qwen3_tts_tiny_random")
     for name, placement in (("qwen3_tts_tiny_random.yaml", "own_stage"),
-                            ("qwen3_tts_tiny_random.in_talker.yaml", "in_talker")):
+                            ("qwen3_tts_tiny_random.in_talker.yaml", "in_talker"),
+                            ("qwen3_tts_tiny_random.in_entry.yaml", "in_talker"),
+                            ("qwen3_tts_tiny_random.adaptive.yaml", "adaptive")):
         assert check_options(load_deploy(DEPLOY_DIR / name), pipeline).stage(0).options["code2wav"] == placement
 
 

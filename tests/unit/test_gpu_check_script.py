@@ -126,7 +126,7 @@ def test_frame_profile_compiled_line_dry_run(tmp_path):
     assert bad.returncode == 2 and "--compile" in bad.stderr
 
 
-@pytest.mark.parametrize("placement", ["own_stage", "in_talker", "in_entry"])
+@pytest.mark.parametrize("placement", ["own_stage", "in_talker", "in_entry", "adaptive"])
 def test_served_deploy_of_each_placement_is_valid(placement):
     """`check.sh --placement X` serves the 1.7B with that deploy: it must pass the builder's checks
     (a GPU run that fails on its deploy measures nothing)."""

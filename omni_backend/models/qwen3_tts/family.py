@@ -23,10 +23,13 @@ TEXT_WAIT_OPTION = Param("text_wait_s", float, default=30.0, lo=0.1, hi=3600.0,
                          help="seconds a streaming_input request may wait for more text")
 # Where the codec decoder runs (talker_decoding.py): its own stage, batching windows across
 # streams (throughput), or in the talker's process, which then streams AUDIO (first audio without
-# the entry -> code2wav -> entry round trip).
-CODE2WAV_PLACEMENT_OPTION = Param("code2wav", str, default="own_stage", choices=("own_stage", "in_talker"),
-                                  help="where code2wav decodes: own_stage (batched across streams) or "
-                                       "in_talker (the talker's process decodes its own windows)")
+# the entry -> code2wav -> entry round trip), or chosen per request: in the talker for a request
+# that finds the talker idle, in its own stage for one that finds other streams there.
+CODE2WAV_PLACEMENT_OPTION = Param("code2wav", str, default="own_stage", choices=("own_stage", "in_talker", "adaptive"),
+                                  help="where code2wav decodes: own_stage (batched across streams), "
+                                       "in_talker (the talker's process decodes its own windows) or adaptive "
+                                       "(in_talker for a request that finds no other stream in the talker, "
+                                       "own_stage for the rest)")
 # torch.compile modes (inductor's) of the static frame step (compiled_step.py); on CUDA the engine's graphs
 # capture the compiled step. Not inductor's reduce-overhead: the engine's own graphs do that.
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")

@@ -104,9 +104,12 @@ class Qwen3TalkerStage(StageModel):
 
             self.voice_encoder = VoiceEncoder.from_checkpoint(checkpoint.path, dict(checkpoint.config.speaker_encoder),
                                                               device=sd.device)
-        # code2wav: in_talker: this stage decodes its own windows and streams AUDIO (talker_decoding.py)
+        # code2wav: in_talker: this stage decodes its own windows and streams AUDIO (talker_decoding.py);
+        # adaptive: only those of a request that finds no other stream here (the rest stream CODES)
+        placement = sd.options.get(CODE2WAV_PLACEMENT_OPTION.name)
         self.windows = (TalkerWindows(self.pipeline, self.deploy, checkpoint.path)
-                        if sd.options.get(CODE2WAV_PLACEMENT_OPTION.name) == "in_talker" else None)
+                        if placement in ("in_talker", "adaptive") else None)
+        self.decodes_alone_only = placement == "adaptive"
         self.voice_cache: OrderedDict = OrderedDict()
         self.voice_cache_size = int(os.environ.get("OMNI_VOICE_CACHE_SIZE", "256"))
         self.voice_lock = threading.Lock()
@@ -165,7 +168,11 @@ class Qwen3TalkerStage(StageModel):
                                     non_streaming_mode=request.get("non_streaming_mode"), voice_clone=clone,
                                     streamed_ids=None if feed is None else tuple(feed.streamed.ids))
         context = clone.ref_codes.numpy() if clone is not None and not clone.x_vector_only else None
-        cutter = None if self.windows is None else self.windows.cutter(request, context)
+        cutter = None
+        if self.windows is not None and not (self.decodes_alone_only and self.engine.num_requests):
+            # the check and add_request below run in one step of the loop: of two requests that
+            # come together, the second sees the first
+            cutter = self.windows.cutter(request, context)
         stream = self.engine.add_request(rid, prompt, self.sampling_params(request), input_open=feed is not None,
                                          after_event=cutter)
         if feed is not None:
