@@ -265,6 +265,23 @@ def test_code2wav_graphs_fall_back_to_eager_on_cpu(qwen3_tiny_cv):
     assert torch.equal(graphs.decode_window(codes, 4), decoder.decode_window(codes, 4))
 
 
+def test_captured_window_decoder_is_the_eager_one_where_nothing_is_captured(qwen3_tiny_cv, monkeypatch):
+    """What the code2wav stage and a talker that decodes use: on CPU it decodes as the eager decoder;
+    a capture that fails leaves the eager decoder itself (served eagerly, not refused)."""
+    from omni_backend.models.qwen3_tts.code2wav import Code2Wav, Code2WavGraphs, captured_window_decoder
+
+    decoder = Code2Wav.from_checkpoint(qwen3_tiny_cv / "speech_tokenizer")
+    codes = torch.randint(0, 2048, (1, 16, 6), generator=torch.Generator().manual_seed(1))
+    decode = captured_window_decoder(decoder, ((2, 0), (6, 4)), (1,))
+    assert torch.equal(decode(codes, 4), decoder.decode_window(codes, 4))
+
+    def fails(self):
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(Code2WavGraphs, "capture", fails)
+    assert captured_window_decoder(decoder, ((2, 0),), (1,)) == decoder.decode_window
+
+
 @pytest.mark.parametrize("warp", [dict(top_k=1), dict(top_k=0, top_p=1e-6), dict(top_k=1, temperature=0.5)])
 def test_static_step_sampling_that_keeps_one_token_is_greedy(warp, qwen3_tiny_cv, qwen3_loaded):
     """The in-step sampler's warps: top-k 1, or a top-p below the largest probability, leave only the argmax."""

@@ -54,10 +54,11 @@ released weights has not been measured here.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -72,9 +73,12 @@ from omni_backend.models.qwen3_common.code2wav_layers import (
     vocoder,
 )
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "Code2Wav",
     "Code2WavGraphs",
+    "captured_window_decoder",
     "Code2WavConfig",
     "CodecChunkSchedule",
     "CodecWindow",
@@ -415,3 +419,18 @@ class Code2WavGraphs:
         with torch.cuda.device(self.model.device):
             graph.replay()
         return audio[:batch].clone()
+
+
+def captured_window_decoder(model: Code2Wav, windows: Sequence[tuple[int, int]],
+                            batch_sizes: Sequence[int]) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """`decode_window` with CUDA graphs of these window shapes and batch sizes captured now (a
+    stage loads them before it reports ready); the eager decoder when capture fails: served
+    eagerly rather than not at all."""
+    graphs = Code2WavGraphs(model, windows=windows, batch_sizes=batch_sizes)
+    try:
+        graphs.capture()
+    except Exception:  # noqa: BLE001
+        logger.exception("code2wav CUDA graph capture failed; decoding eagerly")
+        return model.decode_window
+    logger.info("code2wav: %d CUDA graphs captured", len(graphs.graphs))
+    return graphs.decode_window

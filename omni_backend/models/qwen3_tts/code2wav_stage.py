@@ -7,7 +7,6 @@ different streams arrive batched by Triton's dynamic batcher. Always Float32.
 """
 from __future__ import annotations
 
-import logging
 import os
 from typing import Hashable
 
@@ -16,8 +15,6 @@ import torch
 
 from omni_backend.errors import InvalidRequest
 from omni_backend.triton.batched_stage import BatchedStage, Inputs
-
-logger = logging.getLogger(__name__)
 
 
 class Code2WavStage(BatchedStage):
@@ -40,19 +37,11 @@ class Code2WavStage(BatchedStage):
         """CUDA graphs of every full window shape of the deploy's chunk schedule per batch bucket,
         captured here, before Triton reports the model ready; other shapes run eagerly."""
         from omni_backend.engine.cuda_graphs import bucket_sizes
-        from omni_backend.models.qwen3_tts.code2wav import Code2WavGraphs
+        from omni_backend.models.qwen3_tts.code2wav import captured_window_decoder
 
         sd = self.stage_deploy
-        schedule = self.deploy.async_chunk.chunk_schedule()
-        graphs = Code2WavGraphs(self.decoder, windows=schedule.full_window_shapes(),
-                                batch_sizes=bucket_sizes(sd.cuda_graph_sizes, sd.max_batch_size))
-        try:
-            graphs.capture()
-        except Exception:  # serve eagerly rather than not at all
-            logger.exception("code2wav CUDA graph capture failed; decoding eagerly")
-            return self.decoder.decode_window
-        logger.info("code2wav: %d CUDA graphs captured", len(graphs.graphs))
-        return graphs.decode_window
+        return captured_window_decoder(self.decoder, self.deploy.async_chunk.chunk_schedule().full_window_shapes(),
+                                       bucket_sizes(sd.cuda_graph_sizes, sd.max_batch_size))
 
     def batch_key(self, inputs: Inputs) -> Hashable:
         codes, left = inputs["CODES"], inputs["LEFT_CONTEXT"].reshape(-1)

@@ -11,7 +11,8 @@ step that completed a window (AsyncEngine's `after_event`), in turn with the ste
 in a worker thread contending with them for the GIL (that first version gave first audio 81 ms
 against 58 own_stage on the tiny random checkpoint). The talker then streams AUDIO and the
 entry's transfer hands it on. The samples are the same either way: only the process that
-computes them changes. On CPU it has not been faster than own_stage (perf/RESULTS.md).
+computes them changes. On a GPU the decoder replays CUDA graphs of the schedule's window shapes at
+batch 1, as the code2wav stage does at its batch sizes.
 """
 from __future__ import annotations
 
@@ -38,6 +39,13 @@ class TalkerWindows:
         self.async_chunk = deploy.async_chunk
         self.decoder = Code2Wav.from_checkpoint(os.path.join(checkpoint_path, "speech_tokenizer"), device=sd.device,
                                                 batch_invariant=sd.batch_invariant)
+        self.decode_window = self.decoder.decode_window
+        if self.decoder.device.type == "cuda" and not sd.enforce_eager:
+            # as the code2wav stage does, at batch 1: this process decodes one stream's window at a time
+            from omni_backend.models.qwen3_tts.code2wav import captured_window_decoder
+
+            self.decode_window = captured_window_decoder(self.decoder,
+                                                         self.async_chunk.chunk_schedule().full_window_shapes(), (1,))
 
     def schedule(self, request: dict[str, Any]) -> CodecChunkSchedule:
         """The request's chunk schedule, as the entry's CodecWindows cuts it for the code2wav stage."""
@@ -50,7 +58,7 @@ class TalkerWindows:
         """The new frames' audio of one window (its first `left_context` frames are context)."""
         codes = torch.from_numpy(np.stack(frames, axis=1)[None].astype(np.int64))   # [1, 16, frames]
         with torch.inference_mode():
-            return self.decoder.decode_window(codes.to(self.decoder.device), left_context)[0].float().cpu().numpy()
+            return self.decode_window(codes.to(self.decoder.device), left_context)[0].float().cpu().numpy()
 
     def cutter(self, request: dict[str, Any], context: np.ndarray | None) -> "WindowCutter":
         """One request's window cutting and decoding, fed its engine events (in the engine thread)."""
