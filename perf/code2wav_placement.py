@@ -1,9 +1,9 @@
 """First audio at c = 1 with code2wav in its own stage vs in the talker's process vs the whole
-pipeline in the entry's process, A/B/C.
+pipeline in the entry's process vs the talker there with code2wav placed per window.
 
-The three placements of one Qwen3-TTS pipeline are served at once (three tritonservers, the
-deploy as given with the talker's option `code2wav` set to `own_stage`, to `in_talker`, and
-`in_talker` with the talker in the entry's process, `process: entry`); each round times one
+The four placements of one Qwen3-TTS pipeline are served at once (four tritonservers, the deploy
+as given with the talker's option `code2wav` set to `own_stage`, to `in_talker`, to `in_talker`
+with the talker in the entry's process, `process: entry`, and to `adaptive` there); each round times one
 request on each server, in turn order, the in-process engine + decoder of the same deploy,
 and each talker stage that has a model of its own alone (to its first chunk's frames, or audio
 where it decodes) and one code2wav call (perf/ttfa_breakdown.py), so a busy spell of a shared
@@ -29,7 +29,7 @@ from client.triton_process import TritonProcess
 from client.triton_stream import synthesize
 
 TEXT = "Hello world, this is a streaming test of the first audio."
-PLACEMENTS = ("own_stage", "in_talker", "in_entry")
+PLACEMENTS = ("own_stage", "in_talker", "in_entry", "adaptive")
 SEPARATE_TALKER = ("own_stage", "in_talker")   # placements whose talker is a Triton model of its own
 
 
@@ -37,8 +37,8 @@ def deploy_with(deploy_path: Path, placement: str, out: Path) -> Path:
     """The deploy with the talker's `code2wav` option (and `process`) set for `placement`."""
     raw = yaml.safe_load(deploy_path.read_text())
     talker = next(s for s in raw["stages"] if s["stage_id"] == 0)
-    talker.setdefault("options", {})["code2wav"] = "own_stage" if placement == "own_stage" else "in_talker"
-    talker["process"] = "entry" if placement == "in_entry" else "own"
+    talker.setdefault("options", {})["code2wav"] = placement if placement in ("own_stage", "adaptive") else "in_talker"
+    talker["process"] = "entry" if placement in ("in_entry", "adaptive") else "own"
     raw.setdefault("entry", {})["instances"] = 1
     out.write_text(yaml.safe_dump(raw))
     return out
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                      "own_stage: code2wav alone", "in_talker: talker alone"):
             times[name] = []
         for k in range(args.rounds + 1):   # round 0 warms up
-            order = PLACEMENTS[k % 3:] + PLACEMENTS[:k % 3]
+            order = PLACEMENTS[k % len(PLACEMENTS):] + PLACEMENTS[:k % len(PLACEMENTS)]
             got = {p: synthesize(servers[p].grpc_url, args.pipeline, TEXT, params).ttfa_s for p in order}
             engine_s, decode_s = local.first_audio_s(first)
             prompt_s = local.prompt_s()

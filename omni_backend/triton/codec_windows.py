@@ -13,7 +13,10 @@ context only (a voice prompt's own codes). The schedule counts generated frames;
 context reaches back into them; their audio is never emitted.
 
 A source that decodes its own windows (a deploy that runs the codec in the AR stage's process)
-sends `AUDIO` instead of frames: it is handed on as it arrives, the codec stage not called.
+sends `AUDIO` instead of frames: it is handed on as it arrives, the codec stage not called. A
+source that decodes some of them sends frames and, with the audio of each window it decoded, its
+span `AUDIO_SPAN` (first, end generated frame), no later than the frame that completes it: that
+window is handed on in its turn, the others go to the codec stage.
 
 Families whose frames are shaped otherwise override `frames` (source output -> [n, ...] frames)
 and `window` (frames -> the codec stage's inputs).
@@ -32,6 +35,7 @@ class CodecWindows(Transfer):
     frames_output = "CODES"
     context_output = "CONTEXT_CODES"
     audio_output = "AUDIO"   # a source that decodes its own windows
+    audio_span_output = "AUDIO_SPAN"   # ... some of them: which frames its AUDIO is of
 
     def schedule(self, request: dict[str, Any]) -> CodecChunkSchedule:
         a = self.deploy.async_chunk
@@ -75,10 +79,15 @@ class CodecWindows(Transfer):
         frames: list[np.ndarray] = []      # context frames, then generated frames
         state = {"context": 0}
         decoded: list[np.ndarray] = []     # audio the source decoded itself, not yet handed on
+        spans: dict[int, tuple[int, np.ndarray]] = {}   # first frame -> (end frame, audio) the source decoded
 
         def arrived(out: Outputs) -> None:
             if self.audio_output in out and out[self.audio_output].size:
-                decoded.append(out[self.audio_output].reshape(-1))
+                if self.audio_span_output in out:
+                    first, end = (int(v) for v in out[self.audio_span_output].reshape(-1)[:2])
+                    spans[first] = (end, out[self.audio_output].reshape(-1))
+                else:
+                    decoded.append(out[self.audio_output].reshape(-1))
             if self.context_output in out and not frames:
                 frames.extend(self.frames(out[self.context_output]))
                 state["context"] = len(frames)
@@ -96,12 +105,19 @@ class CodecWindows(Transfer):
                 if decoded:
                     yield {"AUDIO": decoded.pop(0)}
                     continue
+                if emitted in spans:   # the source decoded the next window itself
+                    emitted, audio = spans.pop(emitted)
+                    yield {"AUDIO": audio}
+                    continue
                 window = next_window()
                 if window is None:
                     if reader.finished:
                         reader.check()
+                        if spans:
+                            raise RuntimeError(f"the source decoded frames {sorted(spans)} on, which "
+                                               f"do not follow the {emitted} handed on")
                         return
-                    await reader.more(stage, lambda: bool(decoded) or next_window() is not None)
+                    await reader.more(stage, lambda: bool(decoded) or emitted in spans or next_window() is not None)
                     continue
                 start, end, lookahead = window
                 first_new = state["context"] + emitted

@@ -148,12 +148,18 @@ def _code2wav_calls(server) -> float:
 
 
 def test_concurrent_requests_equal_their_solo_result(in_talker):
-    """Alone, every placement here decodes in the talker (code2wav is never called); together,
-    `adaptive` hands the windows of the requests that found company to code2wav, with the same
-    samples."""
+    """Alone, `in_talker` decodes every window in the talker (code2wav is never called) and
+    `adaptive` the first only (code2wav the rest); together, `adaptive` leaves the first windows
+    of the requests that found company to code2wav too, with the same samples."""
+    from tests.metrics_scrape import wait_for
+
     calls = _code2wav_calls(in_talker)
-    solo = [synthesize(in_talker.grpc_url, PIPELINE, t, _request(p)).audio for t, p in PROMPTS]
-    assert _code2wav_calls(in_talker) == calls
+    results = [synthesize(in_talker.grpc_url, PIPELINE, t, _request(p)) for t, p in PROMPTS]
+    solo = [r.audio for r in results]
+    handed = sum(len(r.chunks) - 1 for r in results) if in_talker.placement == "adaptive" else 0
+    assert wait_for(in_talker.metrics_url, "omni_stage_batched_requests_total", calls + handed,
+                    model=f"{PIPELINE}__code2wav") == calls + handed
+    calls += handed
     barrier = threading.Barrier(len(PROMPTS))
 
     def run(i: int) -> np.ndarray:
@@ -165,7 +171,43 @@ def test_concurrent_requests_equal_their_solo_result(in_talker):
         together = list(pool.map(run, range(len(PROMPTS))))
     for i in range(len(PROMPTS)):
         np.testing.assert_array_equal(together[i], solo[i], err_msg=f"request {i}")
-    if in_talker.placement == "adaptive":   # all but the first to come found company
+    if in_talker.placement == "adaptive":   # first windows of requests that found company, too
+        assert _code2wav_calls(in_talker) > calls + handed
+    else:
+        assert _code2wav_calls(in_talker) == calls
+
+
+def test_a_stream_that_gets_company_keeps_its_samples(in_talker):
+    """A long request alone, then two more while it runs: with `adaptive` its first window is
+    decoded in the talker and the rest by code2wav, batched with the others' windows, and its audio
+    is still what it is alone (as are theirs); the other placements never call code2wav."""
+    from client.triton_stream import stream
+
+    long_text, long_params = "A long request that is alone at first, then has company.", _request(
+        {"voice": "ryan", "max_new_tokens": 60})
+    others = PROMPTS[:2]
+    alone = synthesize(in_talker.grpc_url, PIPELINE, long_text, long_params).audio
+    solo = [synthesize(in_talker.grpc_url, PIPELINE, t, _request(p)).audio for t, p in others]
+    calls = _code2wav_calls(in_talker)
+    first = threading.Event()
+    chunks: list[np.ndarray] = []
+
+    def run_long() -> None:
+        for audio, _rate in stream(in_talker.grpc_url, PIPELINE, long_text, long_params):
+            chunks.append(audio)
+            first.set()
+
+    runner = threading.Thread(target=run_long)
+    runner.start()
+    assert first.wait(60)
+    with ThreadPoolExecutor(len(others)) as pool:
+        together = list(pool.map(lambda job: synthesize(in_talker.grpc_url, PIPELINE, job[0], _request(job[1])).audio,
+                                 others))
+    runner.join(120)
+    np.testing.assert_array_equal(np.concatenate(chunks), alone)
+    for got, want in zip(together, solo):
+        np.testing.assert_array_equal(got, want)
+    if in_talker.placement == "adaptive":
         assert _code2wav_calls(in_talker) > calls
     else:
         assert _code2wav_calls(in_talker) == calls

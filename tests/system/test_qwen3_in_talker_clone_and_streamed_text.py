@@ -1,8 +1,10 @@
 """code2wav in the talker's process (the talker stage's option `code2wav: in_talker`) for voice
 cloning and streamed text, by one real tritonserver holding the tiny random CustomVoice and Base
-pipelines, both built from their default deploys with that option; the module runs twice: with
-the talker a Triton model of its own (`process: own`) and inside the entry's process
-(`process: entry`, omni_backend/triton/local_stage.py: one process for the whole pipeline).
+pipelines, both built from their default deploys with that option; the module runs three times:
+with the talker a Triton model of its own (`process: own`), inside the entry's process
+(`process: entry`, omni_backend/triton/local_stage.py: one process for the whole pipeline), and
+there with `code2wav: adaptive` (windows decoded in the talker while a request is alone there, by
+code2wav while it has company: the concurrent runs below mix both within one stream).
 
 - a served clone equals the in-process engine + windowed decoder bit for bit, in-context (the
   reference codes codec left context, never heard; also the reference's decode of ref + new codes
@@ -45,9 +47,9 @@ ENGLISH = "Hello world, this is a streaming test. It speaks while an LLM is stil
 TEXT_WAIT_S = 4.0
 
 
-@pytest.fixture(scope="module", params=["own", "entry"])
+@pytest.fixture(scope="module", params=["own", "entry", "entry+adaptive"])
 def process(request) -> str:
-    """Where the talker runs (stage 0's deploy key `process`)."""
+    """Where the talker runs (stage 0's deploy key `process`; `+adaptive`: with `code2wav: adaptive`)."""
     return request.param
 
 
@@ -59,8 +61,9 @@ def deploys(tmp_path_factory, process) -> dict[str, Path]:
     out = {}
     for pipeline in (CUSTOM, BASE):
         deploy = yaml.safe_load((ROOT / "deploy" / f"{pipeline}.yaml").read_text())
-        deploy["stages"][0].setdefault("options", {})["code2wav"] = "in_talker"
-        deploy["stages"][0]["process"] = process
+        where, _, placement = process.partition("+")
+        deploy["stages"][0].setdefault("options", {})["code2wav"] = placement or "in_talker"
+        deploy["stages"][0]["process"] = where
         if pipeline == CUSTOM:   # a short wait for text, so its bound can be seen
             deploy["stages"][0]["options"]["text_wait_s"] = TEXT_WAIT_S
         out[pipeline] = base / f"{pipeline}.in_talker.yaml"
@@ -189,7 +192,7 @@ def test_served_clone_equals_in_process(server, reference, voices, solo):
 def test_the_talker_sends_a_clone_audio_not_codes(server, reference, voices, process):
     """In-context: the reference codes stay in the talker (codec context of its own windows). In
     the entry's process the talker has no Triton model to ask: the repository has none."""
-    if process == "entry":
+    if process.startswith("entry"):
         import tritonclient.grpc as grpcclient
 
         client = grpcclient.InferenceServerClient(server.grpc_url)

@@ -29,7 +29,7 @@ def _feed(cutter, codes: np.ndarray, finish_reason: str = "length") -> list[np.n
     for i, frame in enumerate(codes):
         last = i == len(codes) - 1
         cutter(FrameEvent("r", frame.tolist(), finished=last, finish_reason=finish_reason if last else None, index=i))
-        out.append(cutter.take())
+        out.append([audio for _first, _end, audio in cutter.take()])
     return out
 
 
@@ -64,3 +64,31 @@ def test_a_cancelled_request_decodes_no_more(windows):
     codes = np.random.default_rng(3).integers(0, 2048, (3, 16))
     steps = _feed(windows.cutter({}, None), codes, finish_reason="cancelled")
     assert [[c.size // 1920 for c in s] for s in steps] == [[], [2], []]
+
+
+def test_a_cutter_that_decides_decodes_only_the_windows_it_says_yes_to(windows):
+    """`code2wav: adaptive`: every window is cut as before; those `decide` refuses are left to
+    code2wav (their frames still count), the others carry the span of frames they are the audio of."""
+    codes = np.random.default_rng(4).integers(0, 2048, (30, 16))
+    schedule = windows.schedule({})
+    plan = schedule.plan(30)
+    refused = {1, 3, 4}   # windows in cut order
+    seen: list[int] = []
+
+    def decide(event, first: int) -> bool:
+        seen.append(first)
+        return len(seen) - 1 not in refused
+
+    cutter = windows.cutter({}, None, decide)
+    spans = []
+    for i, frame in enumerate(codes):
+        last = i == len(codes) - 1
+        assert cutter(FrameEvent("r", frame.tolist(), finished=last, finish_reason="length" if last else None,
+                                 index=i)) is True   # every frame goes out
+        spans += cutter.take()
+    assert seen == [w.end_frame - w.new_frames for w in plan]   # asked once per window, with its first frame
+    kept = [w for k, w in enumerate(plan) if k not in refused]
+    assert [(first, end) for first, end, _ in spans] == [(w.end_frame - w.new_frames, w.end_frame) for w in kept]
+    whole = list(windows.decoder.decode_stream(torch.from_numpy(codes.T[None].copy()), schedule))
+    for (_first, _end, audio), k in zip(spans, [k for k in range(len(plan)) if k not in refused]):
+        np.testing.assert_array_equal(audio, whole[k][0].numpy())

@@ -23,13 +23,13 @@ TEXT_WAIT_OPTION = Param("text_wait_s", float, default=30.0, lo=0.1, hi=3600.0,
                          help="seconds a streaming_input request may wait for more text")
 # Where the codec decoder runs (talker_decoding.py): its own stage, batching windows across
 # streams (throughput), or in the talker's process, which then streams AUDIO (first audio without
-# the entry -> code2wav -> entry round trip), or chosen per request: in the talker for a request
-# that finds the talker idle, in its own stage for one that finds other streams there.
+# the entry -> code2wav -> entry round trip), or both: the first window of a request alone in the
+# talker there (its first audio), every other window in code2wav's stage.
 CODE2WAV_PLACEMENT_OPTION = Param("code2wav", str, default="own_stage", choices=("own_stage", "in_talker", "adaptive"),
                                   help="where code2wav decodes: own_stage (batched across streams), "
                                        "in_talker (the talker's process decodes its own windows) or adaptive "
-                                       "(in_talker for a request that finds no other stream in the talker, "
-                                       "own_stage for the rest)")
+                                       "(the first window of a request alone in the talker there, every other "
+                                       "window in its own stage)")
 # torch.compile modes (inductor's) of the static frame step (compiled_step.py); on CUDA the engine's graphs
 # capture the compiled step. Not inductor's reduce-overhead: the engine's own graphs do that.
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
@@ -50,7 +50,9 @@ def _qwen3_tts(name: str, description: str, default_model: str | None) -> Pipeli
         stages=(
             StageConfig(stage_id=0, model_stage="talker", kind="stream", options=TALKER_OPTIONS,
                         outputs=(TensorSpec("CODES", "INT64", (-1, -1)), TensorSpec("CONTEXT_CODES", "INT64", (-1, -1)),
-                                 TensorSpec("AUDIO", "FP32", (-1,)),   # code2wav: in_talker
+                                 TensorSpec("AUDIO", "FP32", (-1,)),   # code2wav: in_talker / adaptive
+                                 # code2wav: adaptive: the generated frames [first, end) AUDIO is of
+                                 TensorSpec("AUDIO_SPAN", "INT64", (2,)),
                                  TensorSpec("ERROR", "STRING", (1,))),   # its errors, as data (triton/stage.py)
                         triton_class="omni_backend.models.qwen3_tts.talker_stage.Qwen3TalkerStage"),
             StageConfig(stage_id=1, model_stage="code2wav", kind="batched", input_sources=(0,), final_output=True,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -60,26 +60,34 @@ class TalkerWindows:
         with torch.inference_mode():
             return self.decode_window(codes.to(self.decoder.device), left_context)[0].float().cpu().numpy()
 
-    def cutter(self, request: dict[str, Any], context: np.ndarray | None) -> "WindowCutter":
-        """One request's window cutting and decoding, fed its engine events (in the engine thread)."""
-        return WindowCutter(self, request, context)
+    def cutter(self, request: dict[str, Any], context: np.ndarray | None,
+               decide: Callable[[Any, int], bool] | None = None) -> "WindowCutter":
+        """One request's window cutting and decoding, fed its engine events (in the engine thread);
+        with `decide`, only the windows it says yes to (given the event that completes one and the
+        window's first frame) are decoded; the rest are code2wav's: every event is delivered, its
+        frame streamed."""
+        return WindowCutter(self, request, context, decide)
 
 
 class WindowCutter:
     """Collects one request's frames and decodes each window the schedule cuts as soon as its last
-    frame exists; `take()` hands the audio made so far to the request's event loop."""
+    frame exists; `take()` hands the audio made so far to the request's event loop, each with the
+    span of generated frames it is the audio of."""
 
-    def __init__(self, windows: TalkerWindows, request: dict[str, Any], context: np.ndarray | None):
+    def __init__(self, windows: TalkerWindows, request: dict[str, Any], context: np.ndarray | None,
+                 decide: Callable[[Any, int], bool] | None = None):
         self.windows = windows
         self.schedule = windows.schedule(request)
         self.held: list[np.ndarray] = [] if context is None else list(context)
         self.first = len(self.held)   # context frames: codec context only, never heard
         self.emitted = 0
-        self.ready: deque[np.ndarray] = deque()
+        self.decide = decide
+        self.ready: deque[tuple[int, int, np.ndarray]] = deque()
 
     def __call__(self, event: Any) -> bool:
         """An engine event of the request (engine thread): its frame, and the windows it completes;
-        whether the event brought audio (the stream is woken only then, or at its end)."""
+        whether the event must reach the stream (it brought audio; or it is streamed anyway, with
+        `decide`); its end always does."""
         if event.codes is not None:
             self.held.append(np.asarray(event.codes, dtype=np.int64))
         if event.finished and event.finish_reason not in ("stop", "length"):
@@ -87,14 +95,17 @@ class WindowCutter:
         while (window := self.schedule.next_window(self.emitted, len(self.held) - self.first,
                                                    event.finished)) is not None:
             # the context reaches back into the context frames, as in CodecWindows.plan
-            left = min(self.schedule.left_context_frames, self.first + self.emitted)
-            start = self.first + self.emitted - left
-            self.ready.append(self.windows.decode(self.held[start:self.first + window.end_frame], left))
+            if self.decide is None or self.decide(event, self.emitted):
+                left = min(self.schedule.left_context_frames, self.first + self.emitted)
+                start = self.first + self.emitted - left
+                audio = self.windows.decode(self.held[start:self.first + window.end_frame], left)
+                self.ready.append((self.emitted, window.end_frame, audio))
             self.emitted = window.end_frame
-        return bool(self.ready)
+        return bool(self.ready) or self.decide is not None
 
-    def take(self) -> list[np.ndarray]:
-        """The audio decoded so far and not yet taken, in order (thread-safe: deque pops)."""
+    def take(self) -> list[tuple[int, int, np.ndarray]]:
+        """(first frame, end frame, their audio) decoded so far and not yet taken, in order
+        (thread-safe: deque pops)."""
         out = []
         while self.ready:
             out.append(self.ready.popleft())

@@ -105,7 +105,7 @@ class Qwen3TalkerStage(StageModel):
             self.voice_encoder = VoiceEncoder.from_checkpoint(checkpoint.path, dict(checkpoint.config.speaker_encoder),
                                                               device=sd.device)
         # code2wav: in_talker: this stage decodes its own windows and streams AUDIO (talker_decoding.py);
-        # adaptive: only those of a request that finds no other stream here (the rest stream CODES)
+        # adaptive: it streams CODES, and decodes the first window of a request that is alone here
         placement = sd.options.get(CODE2WAV_PLACEMENT_OPTION.name)
         self.windows = (TalkerWindows(self.pipeline, self.deploy, checkpoint.path)
                         if placement in ("in_talker", "adaptive") else None)
@@ -169,29 +169,40 @@ class Qwen3TalkerStage(StageModel):
                                     streamed_ids=None if feed is None else tuple(feed.streamed.ids))
         context = clone.ref_codes.numpy() if clone is not None and not clone.x_vector_only else None
         cutter = None
-        if self.windows is not None and not (self.decodes_alone_only and self.engine.num_requests):
-            # the check and add_request below run in one step of the loop: of two requests that
-            # come together, the second sees the first
-            cutter = self.windows.cutter(request, context)
+        if self.windows is not None:
+            # adaptive: the first window is decoded here if, when it is cut, this request is the
+            # engine's only one (the engine counts a request until its last event, not at that one);
+            # every other window goes to code2wav, on its own core in parallel with the steps
+            # (CodecWindows: the spans tell which is which)
+            decide = ((lambda event, first: first == 0 and self.engine.num_requests <= (0 if event.finished else 1))
+                      if self.decodes_alone_only else None)
+            cutter = self.windows.cutter(request, context, decide)
         stream = self.engine.add_request(rid, prompt, self.sampling_params(request), input_open=feed is not None,
                                          after_event=cutter)
         if feed is not None:
             feed.attach(self.engine, rid, len(feed.streamed.ids))
         ctx.resources.append(stream)
         frames = self._frames(ctx, stream)
-        if cutter is not None:   # the engine thread decoded the windows each frame completed
+        if cutter is not None and cutter.decide is None:   # the engine thread decoded every window
             async for _ in frames:
-                for audio in cutter.take():
+                for _start, _end, audio in cutter.take():
                     yield [pb_utils.Tensor("AUDIO", audio)]
             return
         async for codes in frames:
-            if not codes.size:
-                continue
-            tensors = [pb_utils.Tensor("CODES", np.asarray([codes], dtype=np.int64))]
-            if context is not None:
-                tensors.append(pb_utils.Tensor("CONTEXT_CODES", np.ascontiguousarray(context, dtype=np.int64)))
-                context = None
-            yield tensors
+            tensors = []
+            if codes.size:
+                tensors.append(pb_utils.Tensor("CODES", np.asarray([codes], dtype=np.int64)))
+                if context is not None:
+                    tensors.append(pb_utils.Tensor("CONTEXT_CODES", np.ascontiguousarray(context, dtype=np.int64)))
+                    context = None
+            # windows decoded here go with (or before) the frame that completes them, each with its
+            # span, so the entry never sends them to code2wav too
+            for start, end, audio in (cutter.take() if cutter is not None else ()):
+                yield [*tensors, pb_utils.Tensor("AUDIO", audio),
+                       pb_utils.Tensor("AUDIO_SPAN", np.array([start, end], dtype=np.int64))]
+                tensors = []
+            if tensors:
+                yield tensors
 
     async def _frames(self, ctx: StreamContext, stream) -> AsyncIterator[np.ndarray]:
         """The request's codec frames ([16] each) as the engine makes them (and, empty, its end)."""
