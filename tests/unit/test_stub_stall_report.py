@@ -188,8 +188,13 @@ def test_a_batch_that_runs_far_past_the_batches_before_it_stops_the_beat_and_say
         assert not overrun.exists()                               # budget 40 s
         monkeypatch.setattr(stub_process.WorkWatch, "OVERRUN_FACTOR", 0.25)   # budget 0.5 s of CPU
         batches.put(3.0)
-        time.sleep(2.0)                                           # the previous one ends, this one runs on
-        time.sleep(1.5)
+        # the previous one ends (3 s of CPU: later in wall time on a busy host), this one runs on
+        # past its budget: the overrun is declared, and from then on the beat stops
+        deadline = time.monotonic() + 30
+        while not overrun.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert overrun.exists()
+        time.sleep(1.0)
         assert _age(beat) > 0.8 and _age(overrun) < 0.8
         said = overrun.read_text()
         assert said.startswith("its batch of 2 has run ") and "a computation that does not end" in said
