@@ -39,11 +39,14 @@ signal.signal(signal.SIGTERM, lambda *a: (s.stop(), sys.exit(0)))
 while True: time.sleep(1)
 " &
   SERVER_PID=$!
-  for _ in $(seq 240); do
-    curl -sf "localhost:$HTTP/v2/health/ready" >/dev/null 2>&1 && break
+  # every pipeline of the repository loads first: minutes on a busy 2-core host
+  READY=""
+  for _ in $(seq 600); do
+    curl -sf "localhost:$HTTP/v2/health/ready" >/dev/null 2>&1 && { READY=1; break; }
     kill -0 $SERVER_PID 2>/dev/null || { echo "tritonserver failed to start" >&2; exit 1; }
     sleep 0.5
   done
+  [ -n "$READY" ] || { echo "tritonserver not ready after 300 s (log: /tmp/perf_analyzer_tritonserver.log)" >&2; exit 1; }
   URL=localhost:$GRPC
 fi
 OUT=$(mktemp -d)
