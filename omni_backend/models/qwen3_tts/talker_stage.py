@@ -109,7 +109,7 @@ class Qwen3TalkerStage(StageModel):
         placement = sd.options.get(CODE2WAV_PLACEMENT_OPTION.name)
         self.windows = (TalkerWindows(self.pipeline, self.deploy, checkpoint.path)
                         if placement in ("in_talker", "adaptive") else None)
-        self.decodes_alone_only = placement == "adaptive"
+        self.decodes_first_window_alone = placement == "adaptive"
         self.voice_cache: OrderedDict = OrderedDict()
         self.voice_cache_size = int(os.environ.get("OMNI_VOICE_CACHE_SIZE", "256"))
         self.voice_lock = threading.Lock()
@@ -175,7 +175,7 @@ class Qwen3TalkerStage(StageModel):
             # every other window goes to code2wav, on its own core in parallel with the steps
             # (CodecWindows: the spans tell which is which)
             decide = ((lambda event, first: first == 0 and self.engine.num_requests <= (0 if event.finished else 1))
-                      if self.decodes_alone_only else None)
+                      if self.decodes_first_window_alone else None)
             cutter = self.windows.cutter(request, context, decide)
         stream = self.engine.add_request(rid, prompt, self.sampling_params(request), input_open=feed is not None,
                                          after_event=cutter)
