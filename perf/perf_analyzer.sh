@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Drive a pipeline's entry model with perf_analyzer (gRPC streaming) at concurrency 1, 4 and 8.
 # Usage: perf/perf_analyzer.sh PIPELINE [--url localhost:8001] [--concurrency 1:8:...] [extra args]
-# Latency for a decoupled model is time to the FIRST response (= time to first audio).
+# Time to first audio is read from perf_analyzer's profile export (each response's timestamp):
+# the latency perf_analyzer prints for a decoupled model runs to the stream's LAST response.
 # Without --url it starts its own tritonserver on free ports with model_repository/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,19 +55,27 @@ for C in $CONCURRENCY; do
   echo "== $PIPELINE, concurrency $C" >&2
   "$PA" -m "$PIPELINE" -u "$URL" -i grpc --streaming --input-data "$DATA" \
     --concurrency-range "$C:$C" --measurement-interval 4000 --stability-percentage 50 \
-    --max-trials 4 -f "$OUT/c$C.csv" "${EXTRA[@]}" > "$OUT/c$C.log" 2>&1 || { cat "$OUT/c$C.log" >&2; exit 1; }
+    --max-trials 4 -f "$OUT/c$C.csv" --profile-export-file "$OUT/c$C.json" "${EXTRA[@]}" > "$OUT/c$C.log" 2>&1 || { cat "$OUT/c$C.log" >&2; exit 1; }
   grep -E "Client:|Request count|Throughput|p50 latency|p95 latency|Avg latency|error" "$OUT/c$C.log" >&2 || true
 done
 echo
-printf '%-12s %12s %14s %14s %14s\n' concurrency "req/s" "p50 ttfa ms" "p95 ttfa ms" "avg ttfa ms"
+printf '%-12s %12s %14s %14s %14s %16s\n' concurrency "req/s" "p50 ttfa ms" "p95 ttfa ms" "avg ttfa ms" "p50 stream ms"
 for C in $CONCURRENCY; do
-  # CSV columns: Concurrency,Inferences/Second,Client Send,...,p50 latency,p90,p95,p99,Avg latency,...
-  $PY - "$OUT/c$C.csv" <<'PYEOF'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-r = rows[-1]
-us = lambda k: float(r.get(k) or 'nan') / 1000.0
-avg = sum(float(r[k]) for k in r if k.startswith(("Client Send", "Network+Server", "Server Queue", "Client Recv"))) / 1000.0
-print(f"{r['Concurrency']:<12} {float(r['Inferences/Second']):12.2f} {us('p50 latency'):14.1f} {us('p95 latency'):14.1f} {avg:14.1f}")
+  $PY - "$OUT/c$C.csv" "$OUT/c$C.json" <<'PYEOF'
+import csv, json, statistics, sys
+rate = float(list(csv.DictReader(open(sys.argv[1])))[-1]["Inferences/Second"])
+run = json.load(open(sys.argv[2]))["experiments"][-1]
+bounds = run.get("window_boundaries") or []
+# the windows perf_analyzer's own figures come from: its last three (stable) ones
+start, end = (bounds[-4] if len(bounds) >= 4 else bounds[0], bounds[-1]) if len(bounds) >= 2 else (0, float("inf"))
+sent = [r for r in run["requests"] if start <= r["timestamp"] < end] or run["requests"]
+silent = [r for r in sent if not r["response_timestamps"]]
+if silent:
+    sys.exit(f"{len(silent)} of {len(sent)} requests got no response")
+ttfa = sorted((r["response_timestamps"][0] - r["timestamp"]) / 1e6 for r in sent)
+whole = [(r["response_timestamps"][-1] - r["timestamp"]) / 1e6 for r in sent]
+p95 = ttfa[min(len(ttfa) - 1, int(round(0.95 * (len(ttfa) - 1))))]
+print(f"{run['experiment']['value']:<12} {rate:12.2f} {statistics.median(ttfa):14.1f} {p95:14.1f} "
+      f"{statistics.fmean(ttfa):14.1f} {statistics.median(whole):16.1f}")
 PYEOF
 done

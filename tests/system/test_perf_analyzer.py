@@ -25,6 +25,10 @@ def test_perf_analyzer_streams_hibari_at_concurrency_4_without_errors():
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [l.split() for l in r.stdout.splitlines() if l.strip().startswith("4 ")]
     assert rows, r.stdout
-    req_per_s = float(rows[0][1])
+    req_per_s, ttfa_p50, ttfa_p95, ttfa_mean, stream_p50 = map(float, rows[0][1:6])
     assert req_per_s > 0
+    # time to first audio comes from each response's time, not perf_analyzer's latency (the last one)
+    assert 0 < ttfa_p50 <= ttfa_p95
+    assert 0 < ttfa_mean
+    assert ttfa_p50 <= stream_p50
     assert "error" not in r.stderr.lower(), r.stderr
