@@ -66,29 +66,42 @@ def test_a_cancelled_request_decodes_no_more(windows):
     assert [[c.size // 1920 for c in s] for s in steps] == [[], [2], []]
 
 
-def test_a_cutter_that_decides_decodes_only_the_windows_it_says_yes_to(windows):
-    """`code2wav: adaptive`: every window is cut as before; those `decide` refuses are left to
-    code2wav (their frames still count), the others carry the span of frames they are the audio of."""
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_first_window_cutter_decodes_at_most_the_first_window(windows, alone):
+    """`code2wav: adaptive`: the first window is decoded here if `first_window_if` says yes when
+    it is cut (asked once), with the span of frames it is the audio of; every later window is
+    code2wav's, and past the first window the cutter holds no frame."""
     codes = np.random.default_rng(4).integers(0, 2048, (30, 16))
     schedule = windows.schedule({})
-    plan = schedule.plan(30)
-    refused = {1, 3, 4}   # windows in cut order
-    seen: list[int] = []
+    first = schedule.plan(30)[0]
+    asked: list[int] = []
 
-    def decide(event, first: int) -> bool:
-        seen.append(first)
-        return len(seen) - 1 not in refused
+    def first_window_if(event) -> bool:
+        asked.append(event.index)
+        return alone
 
-    cutter = windows.cutter({}, None, decide)
+    cutter = windows.cutter({}, None, first_window_if)
     spans = []
     for i, frame in enumerate(codes):
         last = i == len(codes) - 1
         assert cutter(FrameEvent("r", frame.tolist(), finished=last, finish_reason="length" if last else None,
                                  index=i)) is True   # every frame goes out
         spans += cutter.take()
-    assert seen == [w.end_frame - w.new_frames for w in plan]   # asked once per window, with its first frame
-    kept = [w for k, w in enumerate(plan) if k not in refused]
-    assert [(first, end) for first, end, _ in spans] == [(w.end_frame - w.new_frames, w.end_frame) for w in kept]
+        if i >= first.end_frame - 1:
+            assert cutter.done and cutter.held == []
+    assert asked == [first.end_frame - 1]   # asked once, by the event that completes the first window
+    if not alone:
+        assert spans == []
+        return
+    assert [(start, end) for start, end, _ in spans] == [(0, first.end_frame)]
     whole = list(windows.decoder.decode_stream(torch.from_numpy(codes.T[None].copy()), schedule))
-    for (_first, _end, audio), k in zip(spans, [k for k in range(len(plan)) if k not in refused]):
-        np.testing.assert_array_equal(audio, whole[k][0].numpy())
+    np.testing.assert_array_equal(spans[0][2], whole[0][0].numpy())
+
+
+def test_a_first_window_cutter_of_a_stream_shorter_than_its_first_window(windows):
+    """One frame, then the end: the end flushes the first window, which is asked for and decoded."""
+    codes = np.random.default_rng(5).integers(0, 2048, (1, 16))
+    cutter = windows.cutter({}, None, lambda event: True)
+    cutter(FrameEvent("r", codes[0].tolist(), finished=True, finish_reason="stop", index=0))
+    [(start, end, audio)] = cutter.take()
+    assert (start, end, audio.size) == (0, 1, 1920)

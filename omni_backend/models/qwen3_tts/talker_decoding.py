@@ -61,12 +61,12 @@ class TalkerWindows:
             return self.decode_window(codes.to(self.decoder.device), left_context)[0].float().cpu().numpy()
 
     def cutter(self, request: dict[str, Any], context: np.ndarray | None,
-               decide: Callable[[Any, int], bool] | None = None) -> "WindowCutter":
-        """One request's window cutting and decoding, fed its engine events (in the engine thread);
-        with `decide`, only the windows it says yes to (given the event that completes one and the
-        window's first frame) are decoded; the rest are code2wav's: every event is delivered, its
-        frame streamed."""
-        return WindowCutter(self, request, context, decide)
+               first_window_if: Callable[[Any], bool] | None = None) -> "WindowCutter":
+        """One request's window cutting and decoding, fed its engine events (in the engine thread).
+        With `first_window_if`, only the first window is decoded here, and only if it says yes
+        (given the event that completes that window); every later window is code2wav's, and every
+        event is delivered, its frame streamed."""
+        return WindowCutter(self, request, context, first_window_if)
 
 
 class WindowCutter:
@@ -75,33 +75,42 @@ class WindowCutter:
     span of generated frames it is the audio of."""
 
     def __init__(self, windows: TalkerWindows, request: dict[str, Any], context: np.ndarray | None,
-                 decide: Callable[[Any, int], bool] | None = None):
+                 first_window_if: Callable[[Any], bool] | None = None):
         self.windows = windows
         self.schedule = windows.schedule(request)
         self.held: list[np.ndarray] = [] if context is None else list(context)
         self.first = len(self.held)   # context frames: codec context only, never heard
         self.emitted = 0
-        self.decide = decide
+        self.first_window_if = first_window_if
         self.ready: deque[tuple[int, int, np.ndarray]] = deque()
+
+    @property
+    def done(self) -> bool:
+        """Nothing more to decode here: the first window is cut and the rest are code2wav's."""
+        return self.first_window_if is not None and self.emitted > 0
 
     def __call__(self, event: Any) -> bool:
         """An engine event of the request (engine thread): its frame, and the windows it completes;
-        whether the event must reach the stream (it brought audio; or it is streamed anyway, with
-        `decide`); its end always does."""
+        whether the event must reach the stream (it brought audio; or, with `first_window_if`, it
+        is streamed anyway); its end always does."""
+        if self.done:   # no frame held, no window cut: a little less of the engine thread per step
+            return True
         if event.codes is not None:
             self.held.append(np.asarray(event.codes, dtype=np.int64))
         if event.finished and event.finish_reason not in ("stop", "length"):
             return True   # cancelled, failed or timed out: nobody hears the rest
-        while (window := self.schedule.next_window(self.emitted, len(self.held) - self.first,
-                                                   event.finished)) is not None:
-            # the context reaches back into the context frames, as in CodecWindows.plan
-            if self.decide is None or self.decide(event, self.emitted):
+        while not self.done and (window := self.schedule.next_window(self.emitted, len(self.held) - self.first,
+                                                                     event.finished)) is not None:
+            if self.first_window_if is None or self.first_window_if(event):
+                # the context reaches back into the context frames, as in CodecWindows.plan
                 left = min(self.schedule.left_context_frames, self.first + self.emitted)
                 start = self.first + self.emitted - left
                 audio = self.windows.decode(self.held[start:self.first + window.end_frame], left)
                 self.ready.append((self.emitted, window.end_frame, audio))
             self.emitted = window.end_frame
-        return bool(self.ready) or self.decide is not None
+        if self.done:
+            self.held = []
+        return bool(self.ready) or self.first_window_if is not None
 
     def take(self) -> list[tuple[int, int, np.ndarray]]:
         """(first frame, end frame, their audio) decoded so far and not yet taken, in order

@@ -174,16 +174,16 @@ class Qwen3TalkerStage(StageModel):
             # engine's only one (the engine counts a request until its last event, not at that one);
             # every other window goes to code2wav, on its own core in parallel with the steps
             # (CodecWindows: the spans tell which is which)
-            decide = ((lambda event, first: first == 0 and self.engine.num_requests <= (0 if event.finished else 1))
-                      if self.decodes_first_window_alone else None)
-            cutter = self.windows.cutter(request, context, decide)
+            alone = ((lambda event: self.engine.num_requests <= (0 if event.finished else 1))
+                     if self.decodes_first_window_alone else None)
+            cutter = self.windows.cutter(request, context, alone)
         stream = self.engine.add_request(rid, prompt, self.sampling_params(request), input_open=feed is not None,
                                          after_event=cutter)
         if feed is not None:
             feed.attach(self.engine, rid, len(feed.streamed.ids))
         ctx.resources.append(stream)
         frames = self._frames(ctx, stream)
-        if cutter is not None and cutter.decide is None:   # the engine thread decoded every window
+        if cutter is not None and cutter.first_window_if is None:   # the engine thread decoded every window
             async for _ in frames:
                 for _start, _end, audio in cutter.take():
                     yield [pb_utils.Tensor("AUDIO", audio)]
