@@ -2,9 +2,9 @@
 
     .venv/bin/python perf/overload.py [--runs 10] [--minutes 3] [--clients 20] [--burners N]
 
-Each run starts its own supervised tritonserver (committed model_repository) and the speech API,
-records every "exact" request served alone, then starts `--burners` busy processes (default 8x
-the cores) and `--clients` client threads for `--minutes`. Each client loops over:
+Each run starts its own supervised tritonserver (committed model_repository, or `--repository`)
+and the speech API, records every "exact" request served alone, then starts `--burners` busy
+processes (default 8x the cores) and `--clients` client threads for `--minutes`. Each client loops over:
 
 - gRPC and HTTP (speech API, pcm) requests for hibari, the tiny Qwen3-TTS and the tiny Orpheus (its
   LM on a vLLM worker process), greedy and seeded,
@@ -270,7 +270,7 @@ def server_pid(server: TritonProcess) -> int | None:
 
 def run_once(args, number: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"omni-overload-{number}-"))
-    server = TritonProcess(MODEL_REPOSITORY, log_path=work / "tritonserver.log").start(timeout_s=300)
+    server = TritonProcess(args.repository, log_path=work / "tritonserver.log").start(timeout_s=300)
     shim = ShimProcess([server.grpc_url], log_path=work / "shim.log")
     procs: list[subprocess.Popen] = []
     stats = RunStats()
@@ -384,7 +384,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--burst", type=int, default=12, help="streams per burst (the tiny Qwen3 has 8 slots)")
     ap.add_argument("--bound-s", type=float, default=180.0, help="a request not ended by then is a wedge")
     ap.add_argument("--json", help="append each run's result to this file (JSON lines)")
+    ap.add_argument("--repository", type=Path, default=MODEL_REPOSITORY,
+                    help="model repository to serve (default: the committed one), e.g. one built with another "
+                         "deploy of qwen3_tts_tiny_random: `python -m ensemble_builder build --all --out DIR` then "
+                         "`... build --pipeline qwen3_tts_tiny_random --deploy deploy/qwen3_tts_tiny_random.adaptive.yaml --out DIR`")
     args = ap.parse_args(argv)
+    if not (args.repository / "qwen3_tts_tiny_random").is_dir():
+        ap.error(f"--repository: {args.repository} has no qwen3_tts_tiny_random model (the load needs hibari, "
+                 "qwen3_tts_tiny_random and orpheus_tiny_random)")
     print(f"{args.runs} runs x {args.minutes} min, {args.clients} clients, {args.burners} busy processes "
           f"on {os.cpu_count()} cores, bound {args.bound_s:.0f} s", flush=True)
     header = (f"{'run':>3} {'reqs':>5} {'ok':>5} {'hang':>5} {'exact':>5} {'mism':>4} {'wedge':>5} {'crash':>5} "
