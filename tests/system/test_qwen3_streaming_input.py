@@ -20,8 +20,8 @@ import tritonclient.grpc.aio as aioclient
 
 from client.triton_stream import TritonStreamError
 from client.triton_text_stream import TextInputStream
-from tests.metrics_scrape import metric
 from tests.system.streaming_text_fixtures import GREEDY, QWEN, TEXT_WAIT_S
+from tests.system.text_wait_check import assert_text_wait_ends_the_stream
 
 pytestmark = pytest.mark.system
 pytest_plugins = ["tests.system.streaming_text_fixtures"]
@@ -111,25 +111,4 @@ def test_append_errors_are_coded(text_triton):
 
 
 def test_text_wait_bound_ends_the_stream_and_frees_the_slot(text_triton):
-    talker = f"{QWEN}__talker"
-
-    async def scenario():
-        client = aioclient.InferenceServerClient(text_triton.grpc_url)
-        try:
-            stream = TextInputStream(client, QWEN, PARAMS["en"], uuid.uuid4().hex)
-            got = []
-            t0 = time.perf_counter()
-            with pytest.raises(TritonStreamError, match="^invalid_request: text: .*text_wait_s"):
-                async for audio, _ in stream.start("Hello world, and then nothing more "):
-                    got.append(audio)
-            return got, time.perf_counter() - t0
-        finally:
-            await client.close()
-
-    got, took = asyncio.run(scenario())
-    assert got and TEXT_WAIT_S <= took < TEXT_WAIT_S + 10   # it spoke what it had, then waited
-    deadline = time.monotonic() + 10
-    while metric(text_triton.metrics_url, "omni_stage_active_requests", model=talker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert metric(text_triton.metrics_url, "omni_stage_active_requests", model=talker) == 0
-    assert metric(text_triton.metrics_url, "omni_active_streams", pipeline=QWEN) == 0
+    assert_text_wait_ends_the_stream(text_triton, QWEN, PARAMS["en"], TEXT_WAIT_S)
