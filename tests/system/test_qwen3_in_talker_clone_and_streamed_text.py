@@ -22,7 +22,6 @@ code2wav while it has company: the concurrent runs below mix both within one str
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 import uuid
 from pathlib import Path
@@ -38,7 +37,7 @@ from tests.metrics_scrape import metric, wait_for
 from tests.qwen3_fixtures import talker_stage_responses
 from tests.qwen3_voice_clone_reference import GREEDY, VOICE_TEXTS, CloneReference, hibari_voices, wav_data_url
 from tests.served_pipeline import served
-from tests.system.text_wait_check import assert_text_wait_ends_the_stream
+from tests.system.streamed_text import assert_text_wait_ends_the_stream, cuts
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,16 +87,6 @@ def reference(server, deploys) -> CloneReference:
     return CloneReference(BASE, deploys[BASE])
 
 
-def _cuts(text: str, seed: int) -> list[str]:
-    """`text` in pieces of 1 to 8 characters, cut anywhere (inside words too)."""
-    rng, out, i = random.Random(seed), [], 0
-    while i < len(text):
-        n = rng.choice((1, 2, 3, 5, 8))
-        out.append(text[i:i + n])
-        i += n
-    return out
-
-
 def _requests(voices) -> dict[str, tuple[str, list[str] | str, dict]]:
     """name -> (pipeline, text (a list: appended in pieces), params)."""
     icl = {**GREEDY, "ref_audio": wav_data_url(voices[0]), "ref_text": VOICE_TEXTS[0], "language": "english",
@@ -106,9 +95,9 @@ def _requests(voices) -> dict[str, tuple[str, list[str] | str, dict]]:
     return {
         "clone_icl": (BASE, "Cloned speech, served.", icl),
         "clone_xvec": (BASE, "Only the x-vector.", xvec),
-        "streamed_custom": (CUSTOM, _cuts(ENGLISH, 1), {**GREEDY, "voice": "ryan", "language": "english",
-                                                        "max_new_tokens": 24}),
-        "streamed_clone_xvec": (BASE, _cuts("The weather is fine, so we walk.", 2),
+        "streamed_custom": (CUSTOM, cuts(ENGLISH, 1), {**GREEDY, "voice": "ryan", "language": "english",
+                                                       "max_new_tokens": 24}),
+        "streamed_clone_xvec": (BASE, cuts("The weather is fine, so we walk.", 2),
                                 {**xvec, "ref_audio": wav_data_url(voices[2]), "max_new_tokens": 16}),
     }
 

@@ -10,7 +10,6 @@ text past `text_wait_s` ends with `invalid_request: text:` and frees its slot (g
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 import uuid
 
@@ -21,7 +20,7 @@ import tritonclient.grpc.aio as aioclient
 from client.triton_stream import TritonStreamError
 from client.triton_text_stream import TextInputStream
 from tests.system.streaming_text_fixtures import GREEDY, QWEN, TEXT_WAIT_S
-from tests.system.text_wait_check import assert_text_wait_ends_the_stream
+from tests.system.streamed_text import assert_text_wait_ends_the_stream, cuts
 
 pytestmark = pytest.mark.system
 pytest_plugins = ["tests.system.streaming_text_fixtures"]
@@ -70,21 +69,12 @@ def _sentences(text: str) -> list[str]:
     return out + ([text[start:]] if text[start:] else [])
 
 
-def _cuts(text: str, seed: int) -> list[str]:
-    rng, out, i = random.Random(seed), [], 0
-    while i < len(text):
-        n = rng.choice((1, 2, 3, 5, 8))
-        out.append(text[i:i + n])
-        i += n
-    return out
-
-
 @pytest.mark.parametrize("lang,text", [("en", ENGLISH), ("zh", CHINESE)])
 def test_pieces_equal_whole_text(text_triton, lang, text):
     params = PARAMS[lang]
     whole = asyncio.run(_speak(text_triton.grpc_url, [text], 0, params))
     assert whole["audio"].size == (params["max_new_tokens"] - 1) * 1920
-    cases = [(list(text), 0.0), (_cuts(text, 1), 0.02), (_cuts(text, 2), 0.0), (_sentences(text), 0.15)]
+    cases = [(list(text), 0.0), (cuts(text, 1), 0.02), (cuts(text, 2), 0.0), (_sentences(text), 0.15)]
     for pieces, delay in cases:
         run = asyncio.run(_speak(text_triton.grpc_url, pieces, delay, params))
         assert np.array_equal(run["audio"], whole["audio"]), (pieces, delay)

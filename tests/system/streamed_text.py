@@ -1,9 +1,9 @@
-"""The check of a streamed-text request's `text_wait_s` (omni_backend/triton/text_input.py): text
-that stops coming ends the stream with `invalid_request: text:` after the wait, having spoken what
-it had, and frees the talker's slot."""
+"""Text streamed into a running request (`streaming_input`, omni_backend/triton/text_input.py) in
+the system tests: the text cut in pieces, and the check of `text_wait_s`."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 
@@ -16,8 +16,20 @@ from client.triton_text_stream import TextInputStream
 from tests.metrics_scrape import wait_for
 
 
+def cuts(text: str, seed: int) -> list[str]:
+    """`text` in pieces of 1 to 8 characters, cut anywhere (inside words too)."""
+    rng, out, i = random.Random(seed), [], 0
+    while i < len(text):
+        n = rng.choice((1, 2, 3, 5, 8))
+        out.append(text[i:i + n])
+        i += n
+    return out
+
+
 def assert_text_wait_ends_the_stream(server: TritonProcess, pipeline: str, params: dict,
                                      text_wait_s: float) -> None:
+    """Text that stops coming ends the stream with `invalid_request: text:` after `text_wait_s`,
+    having spoken what it had, and frees the talker's slot."""
     async def scenario() -> tuple[list, float]:
         client = aioclient.InferenceServerClient(server.grpc_url)
         try:
