@@ -1,6 +1,6 @@
-"""A real tritonserver for the length of a fixture: pipelines built from their deploy YAMLs into a
-fresh model repository (or a repository made by the test), served, and stopped on exit, also when
-the code inside fails."""
+"""A real tritonserver for the length of a fixture, stopped on exit also when the code inside
+fails: on a repository the test made (`running`), or on pipelines built from their deploy YAMLs
+(`served`)."""
 from __future__ import annotations
 
 import contextlib

@@ -19,8 +19,8 @@ import tritonclient.grpc.aio as aioclient
 
 from client.triton_stream import TritonStreamError
 from client.triton_text_stream import TextInputStream
-from tests.system.streaming_text_fixtures import GREEDY, QWEN, TEXT_WAIT_S
 from tests.system.streamed_text import assert_text_wait_ends_the_stream, cuts
+from tests.system.streaming_text_fixtures import GREEDY, QWEN, TEXT_WAIT_S
 
 pytestmark = pytest.mark.system
 pytest_plugins = ["tests.system.streaming_text_fixtures"]
