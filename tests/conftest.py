@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client.triton_process import TritonProcess  # noqa: E402
+from tests.served_pipeline import running  # noqa: E402
 
 # no silent skips under CI=true (tests/requirement.py)
 pytest_plugins = ["tests.requirement", "pytester"]
@@ -36,11 +36,7 @@ def fresh_builtin_checkpoints(tmp_path_factory):
 def triton(tmp_path_factory, fresh_builtin_checkpoints):
     """tritonserver serving the committed model_repository/."""
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    server = TritonProcess(ROOT / "model_repository", log_path=log)
-    server.start()
-    try:
+    with running(ROOT / "model_repository", log) as server:
         yield server
-    finally:
-        server.stop()
-        if os.environ.get("OMNI_SHOW_SERVER_LOG"):
-            print(server.log_tail(200))
+    if os.environ.get("OMNI_SHOW_SERVER_LOG"):
+        print(server.log_tail(200))

@@ -11,21 +11,20 @@ import pytest
 
 from client.speech_api.process import ShimProcess
 from client.triton_process import TritonProcess, free_port
+from tests.served_pipeline import running
 from tests.system.speech_api_helpers import hibari_repository
 
 
 @contextlib.contextmanager
 def served_stack(repo: Path, logs: Path) -> Iterator[tuple[TritonProcess, ShimProcess]]:
     """A tritonserver on `repo` and a speech API in front of it, both stopped on exit."""
-    server = TritonProcess(repo, log_path=logs / "tritonserver.log")
-    server.start()
-    shim = ShimProcess([server.grpc_url], log_path=logs / "shim.log")
-    try:
-        shim.start()
-        yield server, shim
-    finally:
-        shim.stop()
-        server.stop()
+    with running(repo, logs / "tritonserver.log") as server:
+        shim = ShimProcess([server.grpc_url], log_path=logs / "shim.log")
+        try:
+            shim.start()
+            yield server, shim
+        finally:
+            shim.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from client.triton_process import TritonProcess
 from client.triton_stream import synthesize
 from tests.metrics_scrape import metric
+from tests.served_pipeline import served
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,8 +21,6 @@ GREEDY = {"do_sample": False, "subtalker_do_sample": False}
 
 @pytest.fixture(scope="module")
 def fixed_chunks_server(tmp_path_factory):
-    from ensemble_builder.build import build
-
     work = tmp_path_factory.mktemp("listener")
     deploy = yaml.safe_load((ROOT / "deploy" / f"{PIPELINE}.yaml").read_text())
     deploy["async_chunk"]["continuity_rtf"] = 0
@@ -30,13 +28,8 @@ def fixed_chunks_server(tmp_path_factory):
     deploy["stages"][0].setdefault("default_sampling_params", {})["min_new_tokens"] = 4096
     path = work / "fixed_chunks.yaml"
     path.write_text(yaml.safe_dump(deploy))
-    build(PIPELINE, work / "repo", path)
-    server = TritonProcess(work / "repo", log_path=work / "tritonserver.log")
-    server.start()
-    try:
+    with served({PIPELINE: path}, work) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def listened(server) -> tuple[float, float]:

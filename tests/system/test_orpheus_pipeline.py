@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream, synthesize
 from tests.metrics_scrape import metric
 from tests.requirement import require
+from tests.served_pipeline import running
 from tests.system.test_reliability import model_ready, ready, wait_until
 
 pytestmark = pytest.mark.system
@@ -60,12 +60,8 @@ def orpheus_server(orpheus_checkpoints, tmp_path_factory):
     for pipeline, model, deploy in builds:
         subprocess.run([sys.executable, "-m", "ensemble_builder", "build", "--pipeline", pipeline, "--model", str(model),
                         "--deploy", str(deploy), "--out", str(repo)], check=True, cwd=ROOT, capture_output=True)
-    server = TritonProcess(repo, log_path=work / "tritonserver.log")
-    server.start()
-    try:
+    with running(repo, work / "tritonserver.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _greedy(job) -> dict:

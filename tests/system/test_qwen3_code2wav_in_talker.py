@@ -13,6 +13,7 @@ plans; and the talker's own responses carry audio, never codes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +23,11 @@ import numpy as np
 import pytest
 import torch
 
-from client.triton_process import TritonProcess
 from client.triton_stream import synthesize
 from tests.metrics_scrape import metric
 from tests.qwen3_fixtures import talker_stage_responses
+from tests.served_pipeline import served
+from tests.system.concurrent_requests import at_once
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,17 +51,10 @@ def _request(params: dict) -> dict:
 
 @pytest.fixture(scope="module", params=["in_talker", "in_entry", "adaptive"])
 def in_talker(request, tmp_path_factory, fresh_builtin_checkpoints):
-    from ensemble_builder.build import build
-
-    base = tmp_path_factory.mktemp(request.param)
-    build(PIPELINE, base / "model_repository", ROOT / "deploy" / f"{PIPELINE}.{request.param}.yaml")
-    server = TritonProcess(base / "model_repository", log_path=base / "tritonserver.log")
-    server.placement = request.param
-    server.start()
-    try:
+    deploy = ROOT / "deploy" / f"{PIPELINE}.{request.param}.yaml"
+    with served({PIPELINE: deploy}, tmp_path_factory.mktemp(request.param)) as server:
+        server.placement = request.param
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -154,21 +149,14 @@ def test_concurrent_requests_equal_their_solo_result(in_talker):
     from tests.metrics_scrape import wait_for
 
     calls = _code2wav_calls(in_talker)
-    results = [synthesize(in_talker.grpc_url, PIPELINE, t, _request(p)) for t, p in PROMPTS]
+    requests = [functools.partial(synthesize, in_talker.grpc_url, PIPELINE, t, _request(p)) for t, p in PROMPTS]
+    results = [request() for request in requests]
     solo = [r.audio for r in results]
     handed = sum(len(r.chunks) - 1 for r in results) if in_talker.placement == "adaptive" else 0
     assert wait_for(in_talker.metrics_url, "omni_stage_batched_requests_total", calls + handed,
                     model=f"{PIPELINE}__code2wav") == calls + handed
     calls += handed
-    barrier = threading.Barrier(len(PROMPTS))
-
-    def run(i: int) -> np.ndarray:
-        barrier.wait()
-        t, p = PROMPTS[i]
-        return synthesize(in_talker.grpc_url, PIPELINE, t, _request(p)).audio
-
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        together = list(pool.map(run, range(len(PROMPTS))))
+    together = [r.audio for r in at_once(requests)]
     for i in range(len(PROMPTS)):
         np.testing.assert_array_equal(together[i], solo[i], err_msg=f"request {i}")
     if in_talker.placement == "adaptive":   # first windows of requests that found company, too

@@ -8,6 +8,7 @@ busy 2-core CPU).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
 
@@ -16,8 +17,8 @@ import pytest
 import torch
 import yaml
 
-from client.triton_process import TritonProcess
 from client.triton_stream import synthesize
+from tests.served_pipeline import served
 
 pytestmark = pytest.mark.system
 PIPELINE = "qwen3_tts_tiny_random"
@@ -43,18 +44,11 @@ def deploy_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def compiled_server(tmp_path_factory, fresh_builtin_checkpoints, deploy_path):
-    from ensemble_builder.build import build
-
-    base = tmp_path_factory.mktemp("compiled")
-    build(PIPELINE, base / "model_repository", deploy_path)
-    server = TritonProcess(base / "model_repository", log_path=base / "tritonserver.log")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("TORCH_LOGS", "dynamo")   # dynamo logs each trace it starts: shows the step was compiled
-        server.start()
-    try:
+    with contextlib.ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as env:   # set for the server's start only, not this process
+            env.setenv("TORCH_LOGS", "dynamo")   # dynamo logs each trace it starts: shows the step was compiled
+            server = stack.enter_context(served({PIPELINE: deploy_path}, tmp_path_factory.mktemp("compiled")))
         yield server
-    finally:
-        server.stop()
 
 
 def _reference(deploy_path, text: str, params: dict) -> np.ndarray:

@@ -22,7 +22,6 @@ code2wav while it has company: the concurrent runs below mix both within one str
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 import uuid
 from pathlib import Path
@@ -32,12 +31,13 @@ import pytest
 import tritonclient.grpc.aio as aioclient
 import yaml
 
-from client.triton_process import TritonProcess
-from client.triton_stream import TritonStreamError, astream, synthesize
+from client.triton_stream import astream, synthesize
 from client.triton_text_stream import TextInputStream
 from tests.metrics_scrape import metric, wait_for
 from tests.qwen3_fixtures import talker_stage_responses
 from tests.qwen3_voice_clone_reference import GREEDY, VOICE_TEXTS, CloneReference, hibari_voices, wav_data_url
+from tests.served_pipeline import served
+from tests.system.streamed_text import assert_text_wait_ends_the_stream, cuts
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,17 +73,8 @@ def deploys(tmp_path_factory, process) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, fresh_builtin_checkpoints, deploys):
-    from ensemble_builder.build import build
-
-    base = tmp_path_factory.mktemp("in_talker_clone_text")
-    for pipeline, deploy in deploys.items():
-        build(pipeline, base / "model_repository", deploy)
-    server = TritonProcess(base / "model_repository", log_path=base / "tritonserver.log")
-    server.start()
-    try:
+    with served(deploys, tmp_path_factory.mktemp("in_talker_clone_text")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -96,16 +87,6 @@ def reference(server, deploys) -> CloneReference:
     return CloneReference(BASE, deploys[BASE])
 
 
-def _cuts(text: str, seed: int) -> list[str]:
-    """`text` in pieces of 1 to 8 characters, cut anywhere (inside words too)."""
-    rng, out, i = random.Random(seed), [], 0
-    while i < len(text):
-        n = rng.choice((1, 2, 3, 5, 8))
-        out.append(text[i:i + n])
-        i += n
-    return out
-
-
 def _requests(voices) -> dict[str, tuple[str, list[str] | str, dict]]:
     """name -> (pipeline, text (a list: appended in pieces), params)."""
     icl = {**GREEDY, "ref_audio": wav_data_url(voices[0]), "ref_text": VOICE_TEXTS[0], "language": "english",
@@ -114,9 +95,9 @@ def _requests(voices) -> dict[str, tuple[str, list[str] | str, dict]]:
     return {
         "clone_icl": (BASE, "Cloned speech, served.", icl),
         "clone_xvec": (BASE, "Only the x-vector.", xvec),
-        "streamed_custom": (CUSTOM, _cuts(ENGLISH, 1), {**GREEDY, "voice": "ryan", "language": "english",
-                                                        "max_new_tokens": 24}),
-        "streamed_clone_xvec": (BASE, _cuts("The weather is fine, so we walk.", 2),
+        "streamed_custom": (CUSTOM, cuts(ENGLISH, 1), {**GREEDY, "voice": "ryan", "language": "english",
+                                                       "max_new_tokens": 24}),
+        "streamed_clone_xvec": (BASE, cuts("The weather is fine, so we walk.", 2),
                                 {**xvec, "ref_audio": wav_data_url(voices[2]), "max_new_tokens": 16}),
     }
 
@@ -276,23 +257,6 @@ def test_cancelled_streams_free_their_engine_slots(server, voices, solo, deploys
 def test_text_wait_bound_ends_the_stream_and_frees_the_slot(server, voices, solo):
     """Text that stops coming: the talker speaks what it had (its completed windows), then the
     stream ends with `invalid_request: text:` and the slot is free."""
-    async def scenario():
-        client = aioclient.InferenceServerClient(server.grpc_url)
-        try:
-            stream = TextInputStream(client, CUSTOM, {**GREEDY, "voice": "ryan", "max_new_tokens": 60},
-                                     uuid.uuid4().hex)
-            got = []
-            t0 = time.perf_counter()
-            with pytest.raises(TritonStreamError, match="^invalid_request: text: .*text_wait_s"):
-                async for audio, _ in stream.start("Hello world, and then nothing more "):
-                    got.append(audio)
-            return got, time.perf_counter() - t0
-        finally:
-            await client.close()
-
-    got, took = asyncio.run(scenario())
-    assert got and TEXT_WAIT_S <= took < TEXT_WAIT_S + 10
-    assert wait_for(server.metrics_url, "omni_stage_active_requests", 0, model=f"{CUSTOM}__talker") == 0
-    assert wait_for(server.metrics_url, "omni_active_streams", 0, pipeline=CUSTOM) == 0
+    assert_text_wait_ends_the_stream(server, CUSTOM, {**GREEDY, "voice": "ryan", "max_new_tokens": 60}, TEXT_WAIT_S)
     pipeline, pieces, params = _requests(voices)["streamed_custom"]
     np.testing.assert_array_equal(_run(server.grpc_url, [(pipeline, pieces, params)])[0], solo["streamed_custom"])

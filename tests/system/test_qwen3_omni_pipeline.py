@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 import yaml
 
-from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream_parts
 from tests.oracle.qwen3_omni_reference import job_messages
 from tests.qwen3_omni_fixtures import QWEN3_OMNI_AUDIO_JOBS, QWEN3_OMNI_IMAGE_JOBS, audio_job_messages
+from tests.served_pipeline import served
 
 MEDIA_JOBS = QWEN3_OMNI_AUDIO_JOBS + QWEN3_OMNI_IMAGE_JOBS
 from tests.system.speech_api_helpers import metric, wait_for
@@ -54,21 +54,15 @@ def _deploy(pipeline: str, model: str, left_context: int, base: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def omni_server(qwen3_omni_reference, tmp_path_factory):
-    from ensemble_builder.build import build
     from omni_backend.models.qwen3_omni.random_checkpoint import write_random_checkpoint
 
     base = tmp_path_factory.mktemp("omni_server")
     long_checkpoint = write_random_checkpoint(str(base / "long"), "tiny", seed=3,
                                               thinker_eos_after=LONG_ANSWER_TOKENS, talker_eos_after=None)
-    repo = base / "model_repository"
-    build(PARITY, repo, _deploy(PARITY, str(qwen3_omni_reference["tiny"]["checkpoint"]), 325, base))
-    build(LONG, repo, _deploy(LONG, long_checkpoint, 100, base))
-    server = TritonProcess(repo, log_path=base / "tritonserver.log")
-    server.start()
-    try:
+    deploys = {PARITY: _deploy(PARITY, str(qwen3_omni_reference["tiny"]["checkpoint"]), 325, base),
+               LONG: _deploy(LONG, long_checkpoint, 100, base)}
+    with served(deploys, base) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _job_request(job: dict) -> tuple[str, dict]:

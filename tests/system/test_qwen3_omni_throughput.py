@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import yaml
 
-from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, stream_parts
 from tests.oracle.qwen3_omni_reference import job_messages
 from tests.qwen3_omni_fixtures import QWEN3_OMNI_JOBS
+from tests.served_pipeline import served
 
 ROOT = Path(__file__).resolve().parents[2]
 EXACT = "qwen3_omni"
@@ -39,19 +39,12 @@ def _deploy(pipeline: str, model: str, mode: str, base: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(qwen3_omni_checkpoints, tmp_path_factory):
-    from ensemble_builder.build import build
-
     base = tmp_path_factory.mktemp("omni_throughput")
     checkpoint = str(qwen3_omni_checkpoints["tiny"])
-    repo = base / "model_repository"
-    build(EXACT, repo, _deploy(EXACT, checkpoint, "exact", base))
-    build(THROUGHPUT, repo, _deploy(THROUGHPUT, checkpoint, "throughput", base))
-    triton = TritonProcess(repo, log_path=base / "tritonserver.log")
-    triton.start()
-    try:
+    deploys = {EXACT: _deploy(EXACT, checkpoint, "exact", base),
+               THROUGHPUT: _deploy(THROUGHPUT, checkpoint, "throughput", base)}
+    with served(deploys, base) as triton:
         yield triton
-    finally:
-        triton.stop()
 
 
 def _request(job: dict) -> tuple[str, dict]:

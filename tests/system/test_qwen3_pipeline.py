@@ -6,9 +6,9 @@ concurrency, and a cancelled stream must free its engine slot.
 """
 from __future__ import annotations
 
+import functools
 import json
 import queue
-import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +20,7 @@ import tritonclient.grpc as grpcclient
 from client.triton_stream import TritonStreamError, synthesize
 from tests.metrics_scrape import metric, wait_for
 from tests.qwen3_fixtures import talker_stage_responses
+from tests.system.concurrent_requests import at_once
 
 pytestmark = pytest.mark.system
 PIPELINE = "qwen3_tts_tiny_random"
@@ -119,16 +120,9 @@ def test_first_chunk_is_the_initial_chunk(triton):
 
 
 def test_concurrent_requests_equal_their_solo_result(triton):
-    solo = [synthesize(triton.grpc_url, PIPELINE, t, _request(p)).audio for t, p in PROMPTS]
-    barrier = threading.Barrier(len(PROMPTS))
-
-    def run(i):
-        barrier.wait()
-        t, p = PROMPTS[i]
-        return synthesize(triton.grpc_url, PIPELINE, t, _request(p)).audio
-
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        together = list(pool.map(run, range(len(PROMPTS))))
+    calls = [functools.partial(synthesize, triton.grpc_url, PIPELINE, t, _request(p)) for t, p in PROMPTS]
+    solo = [call().audio for call in calls]
+    together = [r.audio for r in at_once(calls)]
     for i in range(len(PROMPTS)):
         np.testing.assert_array_equal(together[i], solo[i], err_msg=f"request {i}")
 

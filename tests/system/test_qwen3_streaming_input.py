@@ -10,7 +10,6 @@ text past `text_wait_s` ends with `invalid_request: text:` and frees its slot (g
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 import uuid
 
@@ -20,7 +19,7 @@ import tritonclient.grpc.aio as aioclient
 
 from client.triton_stream import TritonStreamError
 from client.triton_text_stream import TextInputStream
-from tests.metrics_scrape import metric
+from tests.system.streamed_text import assert_text_wait_ends_the_stream, cuts
 from tests.system.streaming_text_fixtures import GREEDY, QWEN, TEXT_WAIT_S
 
 pytestmark = pytest.mark.system
@@ -70,21 +69,12 @@ def _sentences(text: str) -> list[str]:
     return out + ([text[start:]] if text[start:] else [])
 
 
-def _cuts(text: str, seed: int) -> list[str]:
-    rng, out, i = random.Random(seed), [], 0
-    while i < len(text):
-        n = rng.choice((1, 2, 3, 5, 8))
-        out.append(text[i:i + n])
-        i += n
-    return out
-
-
 @pytest.mark.parametrize("lang,text", [("en", ENGLISH), ("zh", CHINESE)])
 def test_pieces_equal_whole_text(text_triton, lang, text):
     params = PARAMS[lang]
     whole = asyncio.run(_speak(text_triton.grpc_url, [text], 0, params))
     assert whole["audio"].size == (params["max_new_tokens"] - 1) * 1920
-    cases = [(list(text), 0.0), (_cuts(text, 1), 0.02), (_cuts(text, 2), 0.0), (_sentences(text), 0.15)]
+    cases = [(list(text), 0.0), (cuts(text, 1), 0.02), (cuts(text, 2), 0.0), (_sentences(text), 0.15)]
     for pieces, delay in cases:
         run = asyncio.run(_speak(text_triton.grpc_url, pieces, delay, params))
         assert np.array_equal(run["audio"], whole["audio"]), (pieces, delay)
@@ -111,25 +101,4 @@ def test_append_errors_are_coded(text_triton):
 
 
 def test_text_wait_bound_ends_the_stream_and_frees_the_slot(text_triton):
-    talker = f"{QWEN}__talker"
-
-    async def scenario():
-        client = aioclient.InferenceServerClient(text_triton.grpc_url)
-        try:
-            stream = TextInputStream(client, QWEN, PARAMS["en"], uuid.uuid4().hex)
-            got = []
-            t0 = time.perf_counter()
-            with pytest.raises(TritonStreamError, match="^invalid_request: text: .*text_wait_s"):
-                async for audio, _ in stream.start("Hello world, and then nothing more "):
-                    got.append(audio)
-            return got, time.perf_counter() - t0
-        finally:
-            await client.close()
-
-    got, took = asyncio.run(scenario())
-    assert got and TEXT_WAIT_S <= took < TEXT_WAIT_S + 10   # it spoke what it had, then waited
-    deadline = time.monotonic() + 10
-    while metric(text_triton.metrics_url, "omni_stage_active_requests", model=talker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert metric(text_triton.metrics_url, "omni_stage_active_requests", model=talker) == 0
-    assert metric(text_triton.metrics_url, "omni_active_streams", pipeline=QWEN) == 0
+    assert_text_wait_ends_the_stream(text_triton, QWEN, PARAMS["en"], TEXT_WAIT_S)

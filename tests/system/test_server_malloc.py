@@ -2,17 +2,15 @@
 serves; the Python stubs it starts keep glibc's malloc."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from client.triton_process import TritonProcess
 from client.triton_stream import synthesize
 from omni_backend.stubs import server_stubs as stubs
 from omni_backend.supervisor import server_malloc
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.served_pipeline import running
+from tests.system.speech_api_helpers import hibari_repository
 
 
 def _maps(pid: int) -> str:
@@ -22,15 +20,9 @@ def _maps(pid: int) -> str:
 @pytest.fixture
 def jemalloc_server(tmp_path, monkeypatch):
     monkeypatch.setenv(server_malloc.ALLOCATOR_ENV, "jemalloc")
-    repo = tmp_path / "model_repository"
-    for model in ("hibari", "hibari__synthesizer"):
-        shutil.copytree(ROOT / "model_repository" / model, repo / model,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    server = TritonProcess(repo, log_path=tmp_path / "tritonserver.log").start(timeout_s=300)
-    try:
+    repo = hibari_repository(tmp_path / "model_repository")
+    with running(repo, tmp_path / "tritonserver.log", start_timeout_s=300) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_tritonserver_on_jemalloc_serves_and_its_stubs_keep_glibc(jemalloc_server) -> None:

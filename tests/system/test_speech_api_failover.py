@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from client.speech_api.process import ShimProcess
-from client.triton_process import TritonProcess
+from tests.served_pipeline import running
 from tests.system.speech_api_helpers import LONG_TEXT, hibari_repository, metric, wait_for
 
 pytest_plugins = ["tests.system.speech_api_fixtures"]
@@ -23,12 +23,8 @@ SHORT = {"model": "tts-1", "voice": "alloy", "input": "Failover check.", "respon
 @pytest.fixture(scope="module")
 def second_triton(tmp_path_factory):
     base = tmp_path_factory.mktemp("second_triton")
-    server = TritonProcess(hibari_repository(base / "model_repository"), log_path=base / "tritonserver.log")
-    server.start()
-    try:
+    with running(hibari_repository(base / "model_repository"), base / "tritonserver.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

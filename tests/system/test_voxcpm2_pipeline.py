@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.triton_process import TritonProcess
 from client.triton_stream import TritonStreamError, synthesize
 from tests.metrics_scrape import metric
+from tests.served_pipeline import running
 from tests.voxcpm2_fixtures import WAVEFORM_ATOL
 
 pytestmark = pytest.mark.system
@@ -53,12 +53,8 @@ def _serve(work: Path, builds: list[list[str]]):
     for args in builds:
         subprocess.run([sys.executable, "-m", "ensemble_builder", "build", *args, "--out", str(repo)], check=True,
                        cwd=ROOT, capture_output=True)
-    server = TritonProcess(repo, log_path=work / "tritonserver.log")
-    server.start()
-    try:
+    with running(repo, work / "tritonserver.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
