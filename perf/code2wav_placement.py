@@ -8,7 +8,8 @@ request on each server, in turn order, the in-process engine + decoder of the sa
 and each talker stage that has a model of its own alone (to its first chunk's frames, or audio
 where it decodes) and one code2wav call (perf/ttfa_breakdown.py), so a busy spell of a shared
 host weighs on all alike.
-Prints p50 / p95 per column, served / in-process p50, and a markdown table.
+Prints p50 / p95 per column, served / in-process p50 and the median of the per-round ratios, as a
+markdown table.
 
     .venv/bin/python perf/code2wav_placement.py --pipeline qwen3_tts_tiny_random --rounds 30
     .venv/bin/python perf/code2wav_placement.py --pipeline qwen3_tts --size small --rounds 10
@@ -109,11 +110,14 @@ def main(argv: list[str] | None = None) -> int:
                 times["in-process with its prompt build"].append((prompt_s + engine_s + decode_s) * 1000)
         inproc = statistics.median(times["in-process"])
         print(f"\n{args.pipeline} {args.size or ''}, c = 1, {args.rounds} rounds, first audio ms:\n")
-        print("| first audio (pipeline) or part | p50 ms | p95 ms | / in-process p50 |")
-        print("|---|---|---|---|")
+        # per round: each placement against the in-process run of the same round, so that a shared
+        # host's drift in speed between rounds (often 2x within minutes) cancels out
+        print("| first audio (pipeline) or part | p50 ms | p95 ms | / in-process p50 | p50 of per-round ratios |")
+        print("|---|---|---|---|---|")
         for name, values in times.items():
             p50 = statistics.median(values)
-            print(f"| {name} | {p50:.1f} | {percentile(values, 95):.1f} | {p50 / inproc:.2f}x |")
+            paired = statistics.median(v / i for v, i in zip(values, times["in-process"]))
+            print(f"| {name} | {p50:.1f} | {percentile(values, 95):.1f} | {p50 / inproc:.2f}x | {paired:.2f}x |")
     finally:
         for server in servers.values():
             server.stop()
