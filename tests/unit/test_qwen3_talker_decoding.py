@@ -70,7 +70,8 @@ def test_a_cancelled_request_decodes_no_more(windows):
 def test_a_first_window_cutter_decodes_at_most_the_first_window(windows, alone):
     """`code2wav: adaptive`: the first window is decoded here if `first_window_if` says yes when
     it is cut (asked once), with the span of frames it is the audio of; every later window is
-    code2wav's, and past the first window the cutter holds no frame."""
+    code2wav's, and past the first window the cutter holds no frame. Every frame is streamed, in
+    order, those before the first window with the event that completes it."""
     codes = np.random.default_rng(4).integers(0, 2048, (30, 16))
     schedule = windows.schedule({})
     first = schedule.plan(30)[0]
@@ -81,15 +82,20 @@ def test_a_first_window_cutter_decodes_at_most_the_first_window(windows, alone):
         return alone
 
     cutter = windows.cutter({}, None, first_window_if)
-    spans = []
+    spans, streamed, delivered = [], [], []
     for i, frame in enumerate(codes):
         last = i == len(codes) - 1
-        assert cutter(FrameEvent("r", frame.tolist(), finished=last, finish_reason="length" if last else None,
-                                 index=i)) is True   # every frame goes out
+        event = FrameEvent("r", frame.tolist(), finished=last, finish_reason="length" if last else None, index=i)
+        delivered.append(cutter(event))
+        if delivered[-1]:   # what the talker streams for a delivered event: the frames withheld, then its own
+            streamed += [*cutter.withheld_before(i), frame]
         spans += cutter.take()
         if i >= first.end_frame - 1:
             assert cutter.done and cutter.held == []
     assert asked == [first.end_frame - 1]   # asked once, by the event that completes the first window
+    # the frames before the first window wake nobody: they go out with the event that completes it
+    assert delivered == [i >= first.end_frame - 1 for i in range(len(codes))]
+    np.testing.assert_array_equal(np.asarray(streamed), codes)
     if not alone:
         assert spans == []
         return
@@ -102,6 +108,19 @@ def test_a_first_window_cutter_of_a_stream_shorter_than_its_first_window(windows
     """One frame, then the end: the end flushes the first window, which is asked for and decoded."""
     codes = np.random.default_rng(5).integers(0, 2048, (1, 16))
     cutter = windows.cutter({}, None, lambda event: True)
-    cutter(FrameEvent("r", codes[0].tolist(), finished=True, finish_reason="stop", index=0))
+    assert cutter(FrameEvent("r", codes[0].tolist(), finished=True, finish_reason="stop", index=0)) is True
+    assert cutter.withheld_before(0) == []
+    [(start, end, audio)] = cutter.take()
+    assert (start, end, audio.size) == (0, 1, 1920)
+
+
+def test_a_first_window_cutter_hands_its_withheld_frames_to_the_end(windows):
+    """Frames withheld before the first window go out with the request's end, also an end without
+    a frame (eos right after them: the end event's index is the number of frames)."""
+    codes = np.random.default_rng(6).integers(0, 2048, (1, 16))
+    cutter = windows.cutter({"initial_chunk_frames": 3}, None, lambda event: True)
+    assert cutter(FrameEvent("r", codes[0].tolist(), index=0)) is False
+    assert cutter(FrameEvent("r", None, finished=True, finish_reason="stop", index=1)) is True
+    np.testing.assert_array_equal(np.asarray(cutter.withheld_before(1)), codes)
     [(start, end, audio)] = cutter.take()
     assert (start, end, audio.size) == (0, 1, 1920)

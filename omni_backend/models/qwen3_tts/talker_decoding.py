@@ -83,6 +83,9 @@ class WindowCutter:
         self.emitted = 0
         self.first_window_if = first_window_if
         self.ready: deque[tuple[int, int, np.ndarray]] = deque()
+        # with `first_window_if`: frames before the first window, whose events are not delivered
+        # (the stream is woken once, by the event that completes that window, as `in_talker` is)
+        self.withheld: deque[tuple[int, np.ndarray]] = deque()
 
     @property
     def done(self) -> bool:
@@ -91,12 +94,14 @@ class WindowCutter:
 
     def __call__(self, event: Any) -> bool:
         """An engine event of the request (engine thread): its frame, and the windows it completes;
-        whether the event must reach the stream (it brought audio; or, with `first_window_if`, it
-        is streamed anyway); its end always does."""
+        whether the event must reach the stream now: it brought audio; or, with `first_window_if`,
+        the first window is cut (its frames, `withheld_before` its index, go with it), or past;
+        its end always does."""
         if self.done:   # no frame held, no window cut: a little less of the engine thread per step
             return True
-        if event.codes is not None:
-            self.held.append(np.asarray(event.codes, dtype=np.int64))
+        frame = None if event.codes is None else np.asarray(event.codes, dtype=np.int64)
+        if frame is not None:
+            self.held.append(frame)
         if event.finished and event.finish_reason not in ("stop", "length"):
             return True   # cancelled, failed or timed out: nobody hears the rest
         while not self.done and (window := self.schedule.next_window(self.emitted, len(self.held) - self.first,
@@ -110,7 +115,20 @@ class WindowCutter:
             self.emitted = window.end_frame
         if self.done:
             self.held = []
-        return bool(self.ready) or self.first_window_if is not None
+        if self.first_window_if is None:
+            return bool(self.ready)
+        if not self.done and not event.finished and frame is not None:
+            self.withheld.append((event.index, frame))
+            return False
+        return True
+
+    def withheld_before(self, index: int) -> list[np.ndarray]:
+        """The frames of the events not delivered, up to frame `index` (the delivered event's),
+        oldest first (thread-safe: deque pops)."""
+        out = []
+        while self.withheld and self.withheld[0][0] < index:
+            out.append(self.withheld.popleft()[1])
+        return out
 
     def take(self) -> list[tuple[int, int, np.ndarray]]:
         """(first frame, end frame, their audio) decoded so far and not yet taken, in order

@@ -26,7 +26,7 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -182,7 +182,7 @@ class Qwen3TalkerStage(StageModel):
         if feed is not None:
             feed.attach(self.engine, rid, len(feed.streamed.ids))
         ctx.resources.append(stream)
-        frames = self._frames(ctx, stream)
+        frames = self._frames(ctx, stream, None if cutter is None else cutter.withheld_before)
         if cutter is not None and cutter.first_window_if is None:   # the engine thread decoded every window
             async for _ in frames:
                 for _start, _end, audio in cutter.take():
@@ -191,7 +191,7 @@ class Qwen3TalkerStage(StageModel):
         async for codes in frames:
             tensors = []
             if codes.size:
-                tensors.append(pb_utils.Tensor("CODES", np.asarray([codes], dtype=np.int64)))
+                tensors.append(pb_utils.Tensor("CODES", codes))
                 if context is not None:
                     tensors.append(pb_utils.Tensor("CONTEXT_CODES", np.ascontiguousarray(context, dtype=np.int64)))
                     context = None
@@ -204,15 +204,21 @@ class Qwen3TalkerStage(StageModel):
             if tensors:
                 yield tensors
 
-    async def _frames(self, ctx: StreamContext, stream) -> AsyncIterator[np.ndarray]:
-        """The request's codec frames ([16] each) as the engine makes them (and, empty, its end)."""
+    async def _frames(self, ctx: StreamContext, stream,
+                      withheld_before: Callable[[int], list[np.ndarray]] | None = None) -> AsyncIterator[np.ndarray]:
+        """The request's codec frames as the engine makes them, [frames, 16] per delivered event
+        (with `withheld_before`, the frames of the events not delivered before it go with it),
+        and, empty, its end."""
         async for event in self.engine_events(ctx, stream):
             if event.finish_reason == "input_timeout":
                 raise InvalidRequest("text", f"the talker read all the text that arrived and waited "
                                              f"{self.text_wait_s:g} s for more, which did not come and the "
                                              "input did not end (text_wait_s)")
+            frames = [] if withheld_before is None else withheld_before(event.index)
             if event.codes is not None:
-                yield np.asarray(event.codes, dtype=np.int64)
+                frames.append(event.codes)
+            if frames:
+                yield np.asarray(frames, dtype=np.int64)
             elif event.finished:
                 yield np.zeros(0, dtype=np.int64)
 
