@@ -232,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
 
     pipeline = get_pipeline(args.pipeline)
     deploy_path = args.deploy or str(default_deploy_path(pipeline.default_deploy))
+    if args.breakdown and pipeline.family == "qwen3_tts":
+        from omni_backend.deploy import load_deploy
+
+        if load_deploy(deploy_path).stage(0).process == "entry":
+            ap.error(f"--breakdown: {deploy_path} runs the talker in the entry's process (stages[0].process: entry), "
+                     "so it has no talker model to time alone; give a deploy with the talker as a model of its own "
+                     "(e.g. deploy/qwen3_tts.two_stage.yaml), or time the placements with perf/code2wav_placement.py")
     if pipeline.family == "orpheus":
         return orpheus_bench(args, argv, pipeline, deploy_path, levels)
     if pipeline.family == "voxcpm2":
