@@ -151,6 +151,7 @@ def test_a_batch_that_runs_far_past_the_batches_before_it_stops_the_beat_and_say
     monkeypatch.setattr(stub_process.WorkWatch, "OVERRUN_FLOOR_S", 1.0)
     work = stub_process.WorkWatch()
     batches: queue.SimpleQueue = queue.SimpleQueue()
+    ended: queue.SimpleQueue = queue.SimpleQueue()   # each batch's seconds, once it is done
 
     def compute(seconds: float) -> None:
         end = time.thread_time() + seconds
@@ -168,6 +169,7 @@ def test_a_batch_that_runs_far_past_the_batches_before_it_stops_the_beat_and_say
             work.run_started(2)
             compute(seconds)
             work.run_ended()
+            ended.put(seconds)
 
     runner = threading.Thread(target=worker, daemon=True)
     runner.start()
@@ -186,10 +188,14 @@ def test_a_batch_that_runs_far_past_the_batches_before_it_stops_the_beat_and_say
         batches.put(3.0)                                          # over the floor, under 20x the first 2 s
         time.sleep(2.0)
         assert not overrun.exists()                               # budget 40 s
-        monkeypatch.setattr(stub_process.WorkWatch, "OVERRUN_FACTOR", 0.25)   # budget 0.5 s of CPU
+        while ended.get(timeout=30) != 3.0:                       # 3 s of CPU: later in wall time on a busy host
+            pass
+        assert not overrun.exists()
+        # from now on the budget is the floor, 1 s of CPU (0.25 x 2 s is under it): the next batch
+        # runs on past it, the overrun is declared, and from then on the beat stops (changed while
+        # the 3-s batch still ran, it would have declared that one, which then ended: a fresh beat)
+        monkeypatch.setattr(stub_process.WorkWatch, "OVERRUN_FACTOR", 0.25)
         batches.put(3.0)
-        # the previous one ends (3 s of CPU: later in wall time on a busy host), this one runs on
-        # past its budget: the overrun is declared, and from then on the beat stops
         deadline = time.monotonic() + 30
         while not overrun.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
