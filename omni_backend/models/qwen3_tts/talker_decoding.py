@@ -65,7 +65,7 @@ class TalkerWindows:
         """One request's window cutting and decoding, fed its engine events (in the engine thread).
         With `first_window_if`, only the first window is decoded here, and only if it says yes
         (given the event that completes that window); every later window is code2wav's, and every
-        event is delivered, its frame streamed."""
+        frame is streamed (those before the first window with the event that completes it)."""
         return WindowCutter(self, request, context, first_window_if)
 
 
