@@ -320,13 +320,14 @@ def check_options(cfg: DeployConfig, pipeline: PipelineConfig) -> DeployConfig:
 
 
 def _check_in_entry(cfg: DeployConfig, i: int, stage: Any) -> None:
-    """`process: entry` is for one stream stage fed by the client's request, on the torch engine, in
-    a pipeline served by one entry instance (each instance would load the stage's engine)."""
+    """`process: entry` is for a stream stage (fed by the client's request, or by the stages before
+    it through the entry), on the torch engine, in a pipeline served by one entry instance (each
+    instance would load the stage's engine)."""
     key = f"stages[{i}].process"
     sd = cfg.stages[i]
-    if stage.kind != "stream" or not stage.takes_request:
-        raise _fail(cfg.source, key, f"entry runs only a stream stage fed by the client's request; "
-                                     f"{stage.model_stage} is not one")
+    if stage.kind != "stream":
+        raise _fail(cfg.source, key, f"entry runs only a stream stage; {stage.model_stage} is a batched one "
+                                     "(called per window, batched across streams in its own process)")
     if sd.engine != "torch":
         raise _fail(cfg.source, key, f"entry runs only a stage on engine: torch; this stage runs engine: {sd.engine}")
     if sd.instances != 1:

@@ -127,9 +127,10 @@ class LocalStageStream:
         await self.opened()
         await self.model.append(self.request_id, text, {}, end)
 
-    async def append_inputs(self, inputs: Outputs, end: bool) -> None:
+    async def append_inputs(self, inputs: list, end: bool) -> None:
+        """More input tensors (pb_utils.Tensor, as a BLS stream takes them) for the stage's stream."""
         await self.opened()
-        await self.model.append(self.request_id, "", inputs, end)
+        await self.model.append(self.request_id, "", {t.name(): t.as_numpy() for t in inputs}, end)
 
     async def aclose(self) -> None:
         """Stop the stage's stream if it still runs, and wait until it released what it held."""

@@ -41,27 +41,31 @@ WAVEFORM_TOLERANCE = 1e-4
 GREEDY = {"do_sample": False, "talker_do_sample": False}
 
 
-def _deploy(pipeline: str, model: str, left_context: int, base: Path) -> Path:
+def _deploy(pipeline: str, model: str, left_context: int, base: Path, talker_process: str = "own") -> Path:
     deploy = yaml.safe_load((ROOT / "deploy" / "qwen3_omni_tiny_random.yaml").read_text())
     deploy["pipeline"] = pipeline
     deploy["model"] = model
     deploy["async_chunk"]["left_context_frames"] = left_context
     deploy["stages"][0]["default_sampling_params"]["max_new_tokens"] = 512
+    deploy["stages"][1]["process"] = talker_process
     path = base / f"{pipeline}.yaml"
     path.write_text(yaml.safe_dump(deploy))
     return path
 
 
-@pytest.fixture(scope="module")
-def omni_server(qwen3_omni_reference, tmp_path_factory):
+@pytest.fixture(scope="module", params=["own", "entry"])
+def omni_server(request, qwen3_omni_reference, tmp_path_factory):
+    """The talker as a Triton model of its own, or in the entry's process (`process: entry`: fed
+    by the thinker through the entry as over BLS)."""
     from omni_backend.models.qwen3_omni.random_checkpoint import write_random_checkpoint
 
-    base = tmp_path_factory.mktemp("omni_server")
+    base = tmp_path_factory.mktemp(f"omni_server_{request.param}")
     long_checkpoint = write_random_checkpoint(str(base / "long"), "tiny", seed=3,
                                               thinker_eos_after=LONG_ANSWER_TOKENS, talker_eos_after=None)
-    deploys = {PARITY: _deploy(PARITY, str(qwen3_omni_reference["tiny"]["checkpoint"]), 325, base),
-               LONG: _deploy(LONG, long_checkpoint, 100, base)}
+    deploys = {PARITY: _deploy(PARITY, str(qwen3_omni_reference["tiny"]["checkpoint"]), 325, base, request.param),
+               LONG: _deploy(LONG, long_checkpoint, 100, base, request.param)}
     with served(deploys, base) as server:
+        server.talker_process = request.param
         yield server
 
 

@@ -221,15 +221,13 @@ def test_qwen3_omni_batch_mode_defaults_to_exact():
 @pytest.mark.parametrize("pipeline, raw, key, says", [
     ("qwen3_tts_tiny_random", {"stages": [{"stage_id": 0, "process": "thread"}]}, "stages[0].process", "own, entry"),
     ("qwen3_tts_tiny_random", {"stages": [{"stage_id": 1, "process": "entry"}]}, "stages[0].process",
-     "code2wav is not one"),   # a batched stage: called per window, batched across streams
+     "code2wav is a batched one"),   # called per window, batched across streams
     ("qwen3_tts_tiny_random", {"stages": [{"stage_id": 0, "process": "entry", "instances": 2}]},
      "stages[0].process", "instances: 1"),
     ("qwen3_tts_tiny_random", {"entry": {"instances": 2}, "stages": [{"stage_id": 0, "process": "entry"}]},
      "stages[0].process", "entry.instances: 1"),
     ("orpheus_tiny_random", {"stages": [{"stage_id": 0, "process": "entry", "engine": "vllm"}]},
      "stages[0].process", "engine: torch"),
-    ("qwen3_omni_tiny_random", {"stages": [{"stage_id": 1, "process": "entry"}]}, "stages[0].process",
-     "fed by the client's request"),   # the talker is fed by the thinker
 ])
 def test_a_stage_in_the_entry_process_is_checked(pipeline, raw, key, says):
     from omni_backend.deploy import check_options
@@ -238,6 +236,16 @@ def test_a_stage_in_the_entry_process_is_checked(pipeline, raw, key, says):
     with pytest.raises(DeployError) as e:
         check_options(parse_deploy({"pipeline": pipeline, **raw}, "deploy/x.yaml"), get_pipeline(pipeline))
     assert str(e.value).startswith(f"deploy/x.yaml: {key}:") and says in str(e.value), str(e.value)
+
+
+def test_a_stage_fed_by_another_stage_may_run_in_the_entry():
+    """Qwen3-Omni's talker (fed by the thinker through the entry) in the entry's process."""
+    from omni_backend.deploy import check_options
+    from omni_backend.families import get_pipeline
+
+    raw = {"pipeline": "qwen3_omni_tiny_random", "stages": [{"stage_id": 1, "process": "entry"}]}
+    cfg = check_options(parse_deploy(raw, "deploy/x.yaml"), get_pipeline("qwen3_omni_tiny_random"))
+    assert cfg.stage(1).process == "entry" and cfg.stage(0).process == "own"
 
 
 def test_process_defaults_to_own_and_reads_back():
