@@ -4,7 +4,8 @@
 
 Each run starts its own supervised tritonserver (committed model_repository, or `--repository`)
 and the speech API, records every "exact" request served alone, then starts `--burners` busy
-processes (default 8x the cores) and `--clients` client threads for `--minutes`. Each client loops over:
+processes (default 8x the cores) and `--clients` client threads for `--minutes`. Each client loops
+over:
 
 - gRPC and HTTP (speech API, pcm) requests for hibari, the tiny Qwen3-TTS and the tiny Orpheus (its
   LM on a vLLM worker process), greedy and seeded,
@@ -389,8 +390,9 @@ def main(argv: list[str] | None = None) -> int:
                          "deploy of qwen3_tts_tiny_random: `python -m ensemble_builder build --all --out DIR` then "
                          "`... build --pipeline qwen3_tts_tiny_random --deploy deploy/qwen3_tts_tiny_random.adaptive.yaml --out DIR`")
     args = ap.parse_args(argv)
-    if not (args.repository / "qwen3_tts_tiny_random").is_dir():
-        ap.error(f"--repository: {args.repository} has no qwen3_tts_tiny_random model (the load needs hibari, "
+    missing = [m for m in ("hibari", "qwen3_tts_tiny_random", "orpheus_tiny_random") if not (args.repository / m).is_dir()]
+    if missing:
+        ap.error(f"--repository: {args.repository} has no {', '.join(missing)} model (the load uses hibari, "
                  "qwen3_tts_tiny_random and orpheus_tiny_random)")
     print(f"{args.runs} runs x {args.minutes} min, {args.clients} clients, {args.burners} busy processes "
           f"on {os.cpu_count()} cores, bound {args.bound_s:.0f} s", flush=True)
