@@ -10,6 +10,8 @@ long enough to watch the audio start while it writes).
 * streaming: text deltas come before audio, and the first audio leaves before the thinker ends;
 * `return_audio: false` streams the text only; seeded sampling is isolated too;
 * a client that leaves frees all three stages; bad requests get `invalid_request` naming the field;
+* with the talker in the entry's process (`process: entry`, a second server) every parity job,
+  alone and all at once, equals the talker-as-a-model run bit for bit, and leaving frees it;
 * audio and image input: questions with recordings and images (input_audio / image_url parts in
   PARAMS `content` / `messages`) equal the reference, alone and beside text conversations; a bad
   recording or image names its part.
@@ -53,19 +55,27 @@ def _deploy(pipeline: str, model: str, left_context: int, base: Path, talker_pro
     return path
 
 
-@pytest.fixture(scope="module", params=["own", "entry"])
-def omni_server(request, qwen3_omni_reference, tmp_path_factory):
-    """The talker as a Triton model of its own, or in the entry's process (`process: entry`: fed
-    by the thinker through the entry as over BLS)."""
+def _omni_server(qwen3_omni_reference, base: Path, talker_process: str):
     from omni_backend.models.qwen3_omni.random_checkpoint import write_random_checkpoint
 
-    base = tmp_path_factory.mktemp(f"omni_server_{request.param}")
     long_checkpoint = write_random_checkpoint(str(base / "long"), "tiny", seed=3,
                                               thinker_eos_after=LONG_ANSWER_TOKENS, talker_eos_after=None)
-    deploys = {PARITY: _deploy(PARITY, str(qwen3_omni_reference["tiny"]["checkpoint"]), 325, base, request.param),
-               LONG: _deploy(LONG, long_checkpoint, 100, base, request.param)}
-    with served(deploys, base) as server:
-        server.talker_process = request.param
+    deploys = {PARITY: _deploy(PARITY, str(qwen3_omni_reference["tiny"]["checkpoint"]), 325, base, talker_process),
+               LONG: _deploy(LONG, long_checkpoint, 100, base, talker_process)}
+    return served(deploys, base)
+
+
+@pytest.fixture(scope="module")
+def omni_server(qwen3_omni_reference, tmp_path_factory):
+    with _omni_server(qwen3_omni_reference, tmp_path_factory.mktemp("omni_server"), "own") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def omni_talker_in_entry(qwen3_omni_reference, tmp_path_factory):
+    """The talker in the entry's process (`process: entry`), fed by the thinker through the entry
+    as over BLS."""
+    with _omni_server(qwen3_omni_reference, tmp_path_factory.mktemp("omni_talker_in_entry"), "entry") as server:
         yield server
 
 
@@ -230,6 +240,37 @@ def test_a_client_that_leaves_frees_all_three_stages(omni_server, leave_at):
                 and all(metric(omni_server, "omni_stage_active_requests", model=m) == 0 for m in stages))
     assert wait_for(all_free, 5.0)
     after = Served(omni_server, LONG, "Hello again.", {**GREEDY, "talker_max_new_tokens": 10})
+    assert after.text and after.audio.size
+
+
+def test_the_talker_in_the_entry_answers_as_its_own_model(omni_talker_in_entry, solo, qwen3_omni_reference):
+    """With the talker in the entry's process every parity job, alone and all at once, gives the
+    answer text and audio of the talker as a model of its own, bit for bit."""
+    jobs = qwen3_omni_reference["tiny"]["jobs"]
+    alone = {job_id: Served(omni_talker_in_entry, PARITY, *_job_request(ref["job"])) for job_id, ref in jobs.items()}
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = {job_id: pool.submit(Served, omni_talker_in_entry, PARITY, *_job_request(ref["job"]))
+                   for job_id, ref in jobs.items()}
+        together = {job_id: f.result() for job_id, f in futures.items()}
+    for job_id in jobs:
+        for run in (alone[job_id], together[job_id]):
+            assert run.text == solo[job_id].text and run.finish_reason == solo[job_id].finish_reason, job_id
+            np.testing.assert_array_equal(run.audio, solo[job_id].audio, err_msg=job_id)
+    assert not (omni_talker_in_entry.repo / f"{PARITY}__talker").exists()   # no talker model: it is the entry's
+
+
+def test_the_talker_in_the_entry_is_freed_by_a_client_that_leaves(omni_talker_in_entry):
+    for _ in range(2):
+        for part in stream_parts(omni_talker_in_entry.grpc_url, LONG, "Tell me everything about whales.", GREEDY):
+            if part.audio is not None and part.audio.size:
+                break   # closes the gRPC stream: the server cancels the request
+
+    def all_free():
+        return (metric(omni_talker_in_entry, "omni_active_streams", pipeline=LONG) == 0
+                and all(metric(omni_talker_in_entry, "omni_stage_active_requests", model=m) == 0
+                        for m in (f"{LONG}__thinker", f"{LONG}__talker")))
+    assert wait_for(all_free, 5.0)
+    after = Served(omni_talker_in_entry, LONG, "Hello again.", {**GREEDY, "talker_max_new_tokens": 10})
     assert after.text and after.audio.size
 
 
