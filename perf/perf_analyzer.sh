@@ -63,6 +63,8 @@ printf '%-12s %12s %14s %14s %14s %16s\n' concurrency "req/s" "p50 ttfa ms" "p95
 for C in $CONCURRENCY; do
   $PY - "$OUT/c$C.csv" "$OUT/c$C.json" <<'PYEOF'
 import csv, json, statistics, sys
+sys.path.insert(0, "perf")
+from benchkit.percentiles import percentile
 rate = float(list(csv.DictReader(open(sys.argv[1])))[-1]["Inferences/Second"])
 run = json.load(open(sys.argv[2]))["experiments"][-1]
 bounds = run.get("window_boundaries") or []
@@ -72,10 +74,9 @@ sent = [r for r in run["requests"] if start <= r["timestamp"] < end] or run["req
 silent = [r for r in sent if not r["response_timestamps"]]
 if silent:
     sys.exit(f"{len(silent)} of {len(sent)} requests got no response")
-ttfa = sorted((r["response_timestamps"][0] - r["timestamp"]) / 1e6 for r in sent)
+ttfa = [(r["response_timestamps"][0] - r["timestamp"]) / 1e6 for r in sent]
 whole = [(r["response_timestamps"][-1] - r["timestamp"]) / 1e6 for r in sent]
-p95 = ttfa[min(len(ttfa) - 1, int(round(0.95 * (len(ttfa) - 1))))]
-print(f"{run['experiment']['value']:<12} {rate:12.2f} {statistics.median(ttfa):14.1f} {p95:14.1f} "
+print(f"{run['experiment']['value']:<12} {rate:12.2f} {statistics.median(ttfa):14.1f} {percentile(ttfa, 95):14.1f} "
       f"{statistics.fmean(ttfa):14.1f} {statistics.median(whole):16.1f}")
 PYEOF
 done
