@@ -17,7 +17,8 @@ import threading
 
 LARGE_BUFFER_BYTES = 4 << 20
 MALLOC_HEAPS = 2
-_M_MMAP_THRESHOLD = -3      # glibc's mallopt parameter numbers (malloc.h)
+_M_TRIM_THRESHOLD = -1      # glibc's mallopt parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 # No per-thread cache of freed small chunks in tritonserver and its stubs: tritonserver runs 96
 # Python-backend threads per model instance, and each one that ever ran a task kept its own cached
@@ -43,6 +44,12 @@ def bound_malloc_retention(large_buffer_bytes: int = LARGE_BUFFER_BYTES, heaps: 
     Buffers of `large_buffer_bytes` and more get their own mmap, so freeing one returns it to
     the OS at once (a fixed threshold also stops glibc raising it to 32 MiB). Such buffers are few
     per sentence: thread CPU time for 40 sentences 3.34 -> 3.41 s (at 256 KiB: +35%).
+    Up to `large_buffer_bytes` free at a heap's top stay there for the next buffers: a fixed mmap
+    threshold leaves glibc's trim threshold at 128 KiB (its dynamic rule would raise it to twice
+    the mmap threshold), so each step of a model shrank the heap and grew it again, page by page:
+    a served request of the small random Qwen3-TTS cost its stubs 4,400-9,200 page faults (300
+    with this), and its first audio came 7 ms later, 1.08x the in-process time against 1.03x
+    (perf/JOURNAL.md). The periodic `malloc_trim` still gives that top back.
     At most `heaps` malloc heaps (glibc's default is 8 per core): each heap keeps its own
     high-water mark of the medium buffers, one per synthesising thread otherwise; 16 varied
     streams on 8 threads: +512 -> +230 MB, same CPU time. False where the C library has no
@@ -51,7 +58,8 @@ def bound_malloc_retention(large_buffer_bytes: int = LARGE_BUFFER_BYTES, heaps: 
     mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is None:
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, int(large_buffer_bytes))) & bool(mallopt(_M_ARENA_MAX, int(heaps)))
+    return (bool(mallopt(_M_MMAP_THRESHOLD, int(large_buffer_bytes))) & bool(mallopt(_M_ARENA_MAX, int(heaps)))
+            & bool(mallopt(_M_TRIM_THRESHOLD, int(large_buffer_bytes))))
 
 
 def keep_arrays_off_huge_pages() -> bool:
@@ -156,6 +164,7 @@ def tunables(env: dict[str, str]) -> str:
     given = env.get("GLIBC_TUNABLES", "")
     names = {item.split("=", 1)[0] for item in given.split(":") if item}
     ours = [f"glibc.malloc.{k}={v}" for k, v in (("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
+                                                 ("trim_threshold", LARGE_BUFFER_BYTES),
                                                  ("tcache_count", THREAD_CACHE_CHUNKS))
             if f"glibc.malloc.{k}" not in names]
     return ":".join([*(x for x in given.split(":") if x), *ours])
