@@ -10,9 +10,9 @@
         --deploy deploy/voxcpm2_tiny_random.batched.yaml
 
 For each concurrency c, c clients stream requests back to back over gRPC (tritonclient) from a
-fixed set of texts; with `--rate R1,R2`, requests instead arrive as a Poisson process of R
-requests per second (`--rate-requests` of them per rate, each on its own stream), as an open-loop
-load does. The table gives, with vLLM-Omni's names, `audio_ttfp` (time to the first audio packet,
+fixed set of texts, each on one connection it keeps (as perf_analyzer's clients do); with
+`--rate R1,R2`, requests instead arrive as a Poisson process of R requests per second
+(`--rate-requests` of them per rate, each on a connection of its own), as an open-loop load does. The table gives, with vLLM-Omni's names, `audio_ttfp` (time to the first audio packet,
 p50 / p95), `audio_rtf` (a request's wall time over its audio's duration, p50), audio seconds per
 wall second, what a listener hears (a player that starts at the first audio,
 omni_backend/playback.py): underrun (its total wait, p50 and max over requests) and the
@@ -53,7 +53,7 @@ from benchkit.percentiles import percentile
 from benchkit.served import served, unwind_on_sigterm
 from benchkit.texts import TEXTS
 from benchkit.versions import versions
-from client.triton_stream import synthesize
+from client.triton_stream import StreamSession, synthesize
 
 PERF = ROOT / "perf"
 
@@ -74,21 +74,43 @@ def level_row(results: list, errors: list[str], wall: float) -> dict:
             "first_error": errors[0] if errors else ""}
 
 
-def request_maker(url: str, model: str, params: dict):
-    """`one(client, i)`: the i-th request of a client, from the fixed texts (seeded when sampling)."""
-    return lambda k, i: synthesize(url, model, TEXTS[(k + i) % len(TEXTS)],
-                                   {**params, **({"seed": k * 1000 + i} if "seed" in params else {})})
+class Requests:
+    """`one(client, i)`: the i-th request of a client, from the fixed texts (seeded when sampling).
+    With `keep_connections`, each client keeps one connection and stream for all its requests (a
+    StreamSession, as perf_analyzer's clients do), so its times leave out opening them; otherwise
+    each request opens its own (the open-loop arrivals: each is a new client)."""
+
+    def __init__(self, url: str, model: str, params: dict, keep_connections: bool):
+        self.url, self.model, self.params, self.keep = url, model, params, keep_connections
+        self.sessions: dict[int, StreamSession] = {}   # by client; each client is one thread
+
+    def __call__(self, k: int, i: int):
+        text = TEXTS[(k + i) % len(TEXTS)]
+        params = {**self.params, **({"seed": k * 1000 + i} if "seed" in self.params else {})}
+        if not self.keep:
+            return synthesize(self.url, self.model, text, params)
+        if k not in self.sessions:
+            self.sessions[k] = StreamSession(self.url)
+        return self.sessions[k].synthesize(self.model, text, params)
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.close()
 
 
 def run_level(url: str, model: str, concurrency: int, requests: int, params: dict) -> dict:
-    """`concurrency` clients, each streaming `requests` requests back to back."""
-    results, errors, wall = run_clients(concurrency, requests, request_maker(url, model, params))
+    """`concurrency` clients, each streaming `requests` requests back to back on its connection."""
+    one = Requests(url, model, params, keep_connections=True)
+    try:
+        results, errors, wall = run_clients(concurrency, requests, one)
+    finally:
+        one.close()
     return {"concurrency": concurrency, **level_row(results, errors, wall)}
 
 
 def run_rate(url: str, model: str, rate: float, requests: int, params: dict) -> dict:
     """`requests` requests arriving as a Poisson process of `rate` per second."""
-    results, errors, wall = run_arrivals(rate, requests, request_maker(url, model, params))
+    results, errors, wall = run_arrivals(rate, requests, Requests(url, model, params, keep_connections=False))
     return {"rate": rate, **level_row(results, errors, wall)}
 
 

@@ -7,7 +7,9 @@ with the talker in the entry's process, `process: entry`, and to `adaptive` ther
 request on each server, in turn order, the in-process engine + decoder of the same deploy,
 and each talker stage that has a model of its own alone (to its first chunk's frames, or audio
 where it decodes) and one code2wav call (perf/ttfa_breakdown.py), so a busy spell of a shared
-host weighs on all alike.
+host weighs on all alike. Each server's client keeps its connection (perf_analyzer's do too). A
+fifth server holds only a model that answers at once with the first chunk's audio
+(perf/benchkit/triton_floor.py): its row is what Triton itself takes of first audio.
 Prints p50 / p95 per column, served / in-process p50 and the median of the per-round ratios, as a
 markdown table.
 
@@ -17,6 +19,7 @@ markdown table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import statistics
 import sys
@@ -26,12 +29,14 @@ from pathlib import Path
 import yaml
 
 from benchkit.percentiles import percentile
+from benchkit.triton_floor import MODEL as FLOOR_MODEL, floor_server
 from client.triton_process import TritonProcess
-from client.triton_stream import synthesize
+from client.triton_stream import StreamSession
 
 TEXT = "Hello world, this is a streaming test of the first audio."
 PLACEMENTS = ("own_stage", "in_talker", "in_entry", "adaptive")
 SEPARATE_TALKER = ("own_stage", "in_talker")   # placements whose talker is a Triton model of its own
+FLOOR_ROW = "Triton alone (a model that answers at once with the first chunk's audio)"
 
 
 def deploy_with(deploy_path: Path, placement: str, out: Path) -> Path:
@@ -74,24 +79,31 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(args.deploy) if args.deploy else default_deploy_path(pipeline.default_deploy)
     params = {"do_sample": False, "subtalker_do_sample": False, "max_new_tokens": args.frames + 1}
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    stack = contextlib.ExitStack()
     servers: dict[str, TritonProcess] = {}
+    sessions: dict[str, StreamSession] = {}
+    first = yaml.safe_load(base.read_text()).get("async_chunk", {}).get("initial_chunk_frames", 2)
     try:
         for placement in PLACEMENTS:
             deploy = deploy_with(base, placement, work / f"{placement}.yaml")
             build(args.pipeline, work / placement, deploy, model)
             servers[placement] = TritonProcess(work / placement, log_path=work / f"{placement}.log")
             servers[placement].start()
+            sessions[placement] = StreamSession(servers[placement].grpc_url)
         request = Qwen3TTSAdapter.from_model(model).validate(TEXT, dict(params))
         local = _InProcess(model, str(deploy_with(base, "own_stage", work / "local.yaml")), request)
-        first = yaml.safe_load(base.read_text()).get("async_chunk", {}).get("initial_chunk_frames", 2)
+        floor = stack.enter_context(floor_server(work, first * local.decoder.hop_length, pipeline.sample_rate))
+        sessions["floor"] = StreamSession(floor.grpc_url)
         times: dict[str, list[float]] = {p: [] for p in PLACEMENTS}
         for name in ("in-process", "in-process engine", "in-process decode", "in-process prompt build",
                      "in-process with its prompt build", "own_stage: talker alone",
-                     "own_stage: code2wav alone", "in_talker: talker alone"):
+                     "own_stage: code2wav alone", "in_talker: talker alone", FLOOR_ROW):
             times[name] = []
         for k in range(args.rounds + 1):   # round 0 warms up
             order = PLACEMENTS[k % len(PLACEMENTS):] + PLACEMENTS[:k % len(PLACEMENTS)]
-            got = {p: synthesize(servers[p].grpc_url, args.pipeline, TEXT, params).ttfa_s for p in order}
+            # each server's client keeps its connection, as a streaming client does
+            got = {p: sessions[p].synthesize(args.pipeline, TEXT, params).ttfa_s for p in order}
+            floor_s = sessions["floor"].synthesize(FLOOR_MODEL, TEXT, params).ttfa_s
             engine_s, decode_s = local.first_audio_s(first)
             prompt_s = local.prompt_s()
             talker = {p: _talker_first_chunk_s(servers[p].grpc_url, f"{args.pipeline}__talker", request, first)
@@ -103,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 for p in SEPARATE_TALKER:
                     times[f"{p}: talker alone"].append(talker[p][0] * 1000)
                 times["own_stage: code2wav alone"].append(codec * 1000)
+                times[FLOOR_ROW].append(floor_s * 1000)
                 times["in-process"].append((engine_s + decode_s) * 1000)
                 times["in-process engine"].append(engine_s * 1000)
                 times["in-process decode"].append(decode_s * 1000)
@@ -119,8 +132,11 @@ def main(argv: list[str] | None = None) -> int:
             paired = statistics.median(v / i for v, i in zip(values, times["in-process"]))
             print(f"| {name} | {p50:.1f} | {percentile(values, 95):.1f} | {p50 / inproc:.2f}x | {paired:.2f}x |")
     finally:
+        for session in sessions.values():
+            session.close()
         for server in servers.values():
             server.stop()
+        stack.close()
     return 0
 
 

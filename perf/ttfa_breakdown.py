@@ -154,7 +154,7 @@ class _InProcess:
 def ttfa_breakdown(url: str, pipeline: str, model_dir: str, deploy_path: str, text: str,
                    params: dict[str, Any], rounds: int = 10) -> dict[str, float]:
     """p50 milliseconds of each part (see the module's docstring)."""
-    from client.triton_stream import synthesize
+    from client.triton_stream import StreamSession
     from omni_backend.deploy import load_deploy
     from omni_backend.models.qwen3_tts.adapter import Qwen3TTSAdapter
 
@@ -166,10 +166,11 @@ def ttfa_breakdown(url: str, pipeline: str, model_dir: str, deploy_path: str, te
     talker, codec, served, engine_s, decode_s = [], [], [], [], []
     # each round times every part, one after the other, so that a host busy for a while
     # (2 shared cores) weighs on all of them alike; the first round warms up
+    session = StreamSession(url)   # the pipeline's client keeps its connection, as the stages' do per request
     for k in range(rounds + 1):
         t, window = _talker_first_chunk_s(url, f"{pipeline}__talker", request, frames)
         c = 0.0 if in_talker else _codec_call_s(url, f"{pipeline}__code2wav", window)
-        s = synthesize(url, pipeline, text, params).ttfa_s
+        s = session.synthesize(pipeline, text, params).ttfa_s
         e, d = local.first_audio_s(frames)
         if k:
             talker.append(t)
@@ -177,6 +178,8 @@ def ttfa_breakdown(url: str, pipeline: str, model_dir: str, deploy_path: str, te
             served.append(s)
             engine_s.append(e)
             decode_s.append(d)
+
+    session.close()
 
     def ms(values: list[float]) -> float:
         return statistics.median(values) * 1000.0
