@@ -252,11 +252,6 @@ class PipelineEntry(DecoupledModel):
             audio = out["AUDIO"].reshape(-1) if stage.final_output and "AUDIO" in out else None
             if audio is not None and audio.size:
                 now = time.perf_counter()
-                if first:
-                    self.metrics.ttfa_ms.observe((now - ctx.t0) * 1000.0)
-                    first = False
-                self.metrics.audio_seconds.increment(audio.size / self.sample_rate)
-                self.listened(playback, now, audio.size / self.sample_rate)
                 tensors += [pb_utils.Tensor("AUDIO", np.ascontiguousarray(audio, dtype=np.float32)),
                             pb_utils.Tensor("SAMPLE_RATE", rate)]
             for name in stage.client_outputs:
@@ -265,3 +260,12 @@ class PipelineEntry(DecoupledModel):
                     tensors.append(self.client_tensor(self.client_specs[name], value))
             if tensors:   # never an empty response
                 yield tensors
+            if audio is not None and audio.size:
+                # counted once the chunk has left (the stream resumes after its send): each metric
+                # is a round trip to tritonserver, ~0.1-0.2 ms of a busy stub's loop, that the
+                # chunk need not wait for; a chunk that never left is not counted
+                if first:
+                    self.metrics.ttfa_ms.observe((now - ctx.t0) * 1000.0)
+                    first = False
+                self.metrics.audio_seconds.increment(audio.size / self.sample_rate)
+                self.listened(playback, now, audio.size / self.sample_rate)
