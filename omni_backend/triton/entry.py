@@ -37,7 +37,7 @@ from omni_backend.playback import Playback
 from omni_backend.triton.bls import call_stage, ping_stage
 from omni_backend.triton.decoupled import DecoupledModel, StreamContext, input_bytes
 from omni_backend.triton.local_stage import LocalStage
-from omni_backend.triton.metrics import PipelineMetrics
+from omni_backend.triton.metrics import LoopGauge, PipelineMetrics
 from omni_backend.triton.stage_liveness import StageLiveness
 from omni_backend.triton.stream_broadcast import Broadcast
 from omni_backend.triton.stream_waits import in_arrival_order
@@ -73,7 +73,7 @@ class PipelineEntry(DecoupledModel):
         self.adapter = import_path(self.pipeline.adapter).from_model(self.model_path)
         self.sample_rate = self.pipeline.sample_rate
         self.metrics = PipelineMetrics(self.pipeline.name)
-        self.metrics.active.set(0)   # a reloaded entry starts from the truth
+        self.streams_gauge = LoopGauge(self.metrics.active, lambda: len(self.active), self.loop)
         self.draining = False
         self.held: str | None = None       # why new streams are turned away while the stages reload
         self.resuming: str | None = None   # ... after `resume`, until every stage is loaded again
@@ -150,10 +150,10 @@ class PipelineEntry(DecoupledModel):
         if len(self.active) > self.deploy.entry.max_streams:
             raise Unavailable(f"{self.pipeline.name} is at its limit of "
                               f"{self.deploy.entry.max_streams} concurrent streams; retry shortly", busy=True)
-        self.metrics.active.set(len(self.active))
+        self.streams_gauge.changed()
 
     def on_finish(self, ctx: StreamContext, outcome: str, error_code: str | None) -> None:
-        self.metrics.active.set(len(self.active))
+        self.streams_gauge.changed()
         self.metrics.finished(outcome, error_code)
 
     def graph(self, ctx: StreamContext, request: dict[str, Any],

@@ -9,7 +9,9 @@ therefore outlives its model; each model sets its gauges from the truth when it 
 """
 from __future__ import annotations
 
+import asyncio
 import ctypes
+from typing import Callable
 
 import triton_python_backend_utils as pb_utils
 
@@ -84,3 +86,25 @@ class StageMetrics:
         if self._voice_encodings is None:
             self._voice_encodings = metric("omni_voice_encodings_total", labels={"model": self.model_name})
         self._voice_encodings.increment(1)
+
+
+class LoopGauge:
+    """A gauge that follows a count, set on the event loop's next turn after the count changed:
+    one round trip to tritonserver for however many streams started or ended in between, and
+    none on the way of the change itself (a stream's start: its stage begins its work first; a
+    Python-backend metric call took ~0.16 ms of a busy stub's loop, py-spy). Call `changed` on
+    the loop's thread."""
+
+    def __init__(self, gauge: "pb_utils.Metric", count: Callable[[], int], loop: asyncio.AbstractEventLoop):
+        self._gauge, self._count, self._loop = gauge, count, loop
+        self._due = False
+        gauge.set(count())   # a reloaded model starts from the truth, not the dead one's count
+
+    def changed(self) -> None:
+        if not self._due:
+            self._due = True
+            self._loop.call_soon(self._set)
+
+    def _set(self) -> None:
+        self._due = False
+        self._gauge.set(self._count())

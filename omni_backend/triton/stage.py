@@ -24,7 +24,7 @@ from omni_backend.errors import InvalidRequest, PipelineError
 from omni_backend.families import built_model
 from omni_backend.triton.bls import ERROR_OUTPUT
 from omni_backend.triton.decoupled import FINAL, DecoupledModel, StreamContext, bytes_tensor, input_bytes
-from omni_backend.triton.metrics import StageMetrics
+from omni_backend.triton.metrics import LoopGauge, StageMetrics
 from omni_backend.triton.pulled_stream import UNCLAIMED_S, PulledStream
 from omni_backend.triton.text_input import TARGET_WAIT_S, parse_stage_append
 
@@ -45,7 +45,7 @@ class StageModel(DecoupledModel):
         # streams opened with CONTROL=open, by request id, until their end is pulled
         self.pulled: dict[str, PulledStream] = {}
         self.metrics = StageMetrics(self.model_name)
-        self.metrics.active.set(0)   # a reloaded stage starts from the truth, not the dead one's count
+        self.streams_gauge = LoopGauge(self.metrics.active, lambda: len(self.by_request_id), self.loop)
         self.load()
 
     def load(self) -> None:
@@ -202,13 +202,13 @@ class StageModel(DecoupledModel):
         self.by_request_id[rid] = ctx
         if self.early_cancels.pop(rid, None) is not None:
             ctx.cancel()
-        self.metrics.active.set(len(self.by_request_id))
+        self.streams_gauge.changed()
         try:
             async for tensors in self.generate(ctx, request, inputs):
                 yield tensors
         finally:
             self.by_request_id.pop(rid, None)
-            self.metrics.active.set(len(self.by_request_id))
+            self.streams_gauge.changed()
 
     def on_cancel(self, ctx: StreamContext) -> None:
         """A stream was cancelled by its caller; engines free their slot here."""
