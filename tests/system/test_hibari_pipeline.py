@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import queue
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -13,6 +11,7 @@ import tritonclient.grpc as grpcclient
 from client.triton_stream import TritonStreamError, synthesize
 from tests.asr import transcribe, word_error_rate
 from tests.metrics_scrape import metric, wait_for
+from tests.system.concurrent_requests import at_once
 
 pytestmark = pytest.mark.system
 
@@ -115,14 +114,8 @@ def test_text_over_the_limit_is_rejected_through_the_client(triton):
 def test_concurrent_streams_equal_their_solo_output(triton):
     texts = [f"Stream number {i} says hello. It has {i + 2} apples." for i in range(8)]
     solo = [synthesize(triton.grpc_url, "hibari", t, {"seed": i}).audio for i, t in enumerate(texts)]
-    barrier = threading.Barrier(8)
-
-    def run(i):
-        barrier.wait()
-        return synthesize(triton.grpc_url, "hibari", texts[i], {"seed": i}).audio
-
-    with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(run, range(8)))
+    together = at_once([lambda i=i: synthesize(triton.grpc_url, "hibari", texts[i], {"seed": i}).audio
+                        for i in range(8)])
     for i in range(8):
         np.testing.assert_array_equal(together[i], solo[i])
 

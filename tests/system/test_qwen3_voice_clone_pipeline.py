@@ -11,8 +11,6 @@ random Base checkpoint) with hibari speech as the reference recordings.
 from __future__ import annotations
 
 import base64
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ from client.triton_stream import TritonStreamError, synthesize
 from omni_backend.models.qwen3_tts.adapter import REF_AUDIO_MAX_CHARS
 from tests.metrics_scrape import metric
 from tests.qwen3_voice_clone_reference import GREEDY, VOICE_TEXTS, CloneReference, hibari_voices, wav_data_url
+from tests.system.concurrent_requests import at_once
 
 pytestmark = pytest.mark.system
 PIPELINE = "qwen3_tts_tiny_random_base"
@@ -81,14 +80,8 @@ def test_four_concurrent_voices_equal_their_solo_output(triton, voices):
     params = [_clone(voices, i, max_new_tokens=16 + 2 * i) for i in range(4)]
     solo = [synthesize(triton.grpc_url, PIPELINE, t, p).audio for t, p in zip(texts, params)]
     assert all(not np.array_equal(solo[0][:1920 * 4], s[:1920 * 4]) for s in solo[1:])
-    barrier = threading.Barrier(4)
-
-    def run(i):
-        barrier.wait()
-        return synthesize(triton.grpc_url, PIPELINE, texts[i], params[i]).audio
-
-    with ThreadPoolExecutor(4) as pool:
-        together = list(pool.map(run, range(4)))
+    together = at_once([lambda i=i: synthesize(triton.grpc_url, PIPELINE, texts[i], params[i]).audio
+                        for i in range(4)])
     for i in range(4):
         np.testing.assert_array_equal(together[i], solo[i], err_msg=f"voice {i}")
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import base64
 import io
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -18,6 +16,7 @@ import soundfile as sf
 
 from client.speech_api.process import ShimProcess
 from tests.metrics_scrape import metric
+from tests.system.concurrent_requests import at_once
 
 pytestmark = pytest.mark.system
 MODEL = "qwen3_tts_tiny_random_base"
@@ -160,12 +159,5 @@ def test_four_registered_voices_concurrently_equal_solo(voice_shim, recordings):
     texts = ["One voice speaks.", "A second voice speaks.", "The third voice talks.", "And a fourth one."]
     solo = [speech(url, n, t) for n, t in zip(names, texts)]
     assert len(set(solo)) == 4
-    barrier = threading.Barrier(4)
-
-    def run(i):
-        barrier.wait()
-        return speech(url, names[i], texts[i])
-
-    with ThreadPoolExecutor(4) as pool:
-        together = list(pool.map(run, range(4)))
+    together = at_once([lambda i=i: speech(url, names[i], texts[i]) for i in range(4)])
     assert together == solo

@@ -25,6 +25,7 @@ from omni_backend.testing import busy_host
 from omni_backend.stubs.stub_process import STALL_REPORT_S, WorkWatch
 from tests.metrics_scrape import metric
 from tests.toy_family import PIPELINE, audio_of, build_repository, expected_audio, frames_of, text_pieces
+from tests.system.concurrent_requests import at_once
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,14 +78,8 @@ def test_three_stages_pass_tensors(toy_server):
 
 def test_concurrent_requests_equal_their_solo_output(toy_server):
     texts = [f"request number {i} says {'hi ' * i}" for i in range(8)]
-    barrier = threading.Barrier(8)
-
-    def run(i):
-        barrier.wait()
-        return np.concatenate(synthesize(toy_server.grpc_url, PIPELINE, texts[i], {"gain": 1.0 + i / 4}).chunks)
-
-    with ThreadPoolExecutor(8) as pool:
-        outs = list(pool.map(run, range(8)))
+    outs = at_once([lambda i=i: np.concatenate(synthesize(toy_server.grpc_url, PIPELINE, texts[i],
+                                                          {"gain": 1.0 + i / 4}).chunks) for i in range(8)])
     for i, out in enumerate(outs):
         np.testing.assert_array_equal(out, expected_audio(texts[i], 1.0 + i / 4))
 
