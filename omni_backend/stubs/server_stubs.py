@@ -300,18 +300,32 @@ def mapped_regions() -> set[str]:
     return names
 
 
+REGION_RECHECK_S = 0.2
+
+
 def remove_stale_regions(min_age_s: float = 10.0, names: set[str] | None = None,
                          newer_than: float | None = None) -> list[str]:
     """Unlink regions no process maps (left by a crashed or killed server). `names` limits it to
     those; `newer_than` to those made since that wall-clock time (by a server that is gone now);
     otherwise any such region older than `min_age_s` (a server that is starting has mapped its new
-    regions long before that)."""
+    regions long before that).
+
+    Another server on the host may be creating a region meanwhile: it exists a moment before its
+    creator maps it, and reading every process's mappings takes tens of milliseconds. A region
+    counts as unmapped only if it was there before the first read and is unmapped in a second
+    read `REGION_RECHECK_S` later: a server that stopped once removed a starting server's fresh
+    regions this way, and that server's stubs failed ("Unable to initialize shared memory key",
+    then "double free or corruption"), so it never became ready."""
     if not SHM_DIR.is_dir():
         return []
+    candidates = list(SHM_DIR.glob(f"{SHM_PREFIX}*"))   # before reading the mappings: see above
     in_use = mapped_regions()
+    if any(path.name not in in_use for path in candidates):
+        time.sleep(REGION_RECHECK_S)
+        in_use |= mapped_regions()
     removed = []
     now = time.time()
-    for path in SHM_DIR.glob(f"{SHM_PREFIX}*"):
+    for path in candidates:
         if path.name in in_use:
             continue
         if names is not None and path.name not in names:

@@ -92,6 +92,35 @@ def test_only_unmapped_old_regions_are_removed():
                 path.unlink(missing_ok=True)
 
 
+def test_a_region_made_or_mapped_while_the_mappings_are_read_is_kept(monkeypatch):
+    """A server stopping while another starts: the starting server's new region, unmapped for a
+    moment, is neither one that existed before the mappings were read nor unmapped a second time."""
+    made_during = stubs.SHM_DIR / f"{stubs.SHM_PREFIX}{uuid.uuid4()}"
+    mapped_late = stubs.SHM_DIR / f"{stubs.SHM_PREFIX}{uuid.uuid4()}"
+    stale = stubs.SHM_DIR / f"{stubs.SHM_PREFIX}{uuid.uuid4()}"
+    for path in (mapped_late, stale):
+        path.write_bytes(b"\0" * 4096)
+    reads = []
+    real = stubs.mapped_regions
+
+    def mapped_regions():
+        reads.append(1)
+        if len(reads) == 1:   # the first read: a region appears; another is mapped only after it
+            made_during.write_bytes(b"\0" * 4096)
+            return real() - {mapped_late.name}
+        return real() | {mapped_late.name}
+
+    monkeypatch.setattr(stubs, "mapped_regions", mapped_regions)
+    try:
+        ours = {made_during.name, mapped_late.name, stale.name}   # not another server's on this host
+        removed = stubs.remove_stale_regions(names=ours, newer_than=time.time() - 60)
+        assert removed == [stale.name] and not stale.exists()
+        assert made_during.exists() and mapped_late.exists() and len(reads) == 2
+    finally:
+        for path in (made_during, mapped_late, stale):
+            path.unlink(missing_ok=True)
+
+
 def _loop(tid: int) -> stubs.BeatThread:
     return stubs.BeatThread(tid, "event loop")
 
