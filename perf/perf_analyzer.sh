@@ -26,7 +26,12 @@ export LD_LIBRARY_PATH=$SITE/nvidia/cuda_runtime/lib${LD_LIBRARY_PATH:+:$LD_LIBR
 DATA=perf/data/$PIPELINE.json
 [ -f "$DATA" ] || { echo "no input data: $DATA" >&2; exit 2; }
 SERVER_PID=""
-cleanup() { [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null || true; }
+OUT=""
+# the profile exports hold every response's outputs (audio: about 1.3 GB a level for hibari at c = 4)
+cleanup() {
+  [ -n "$OUT" ] && rm -rf "$OUT"
+  [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null || true
+}
 trap cleanup EXIT
 if [ -z "$URL" ]; then
   PORTS=$($PY -c 'from client.triton_process import free_port as f; print(f(), f(), f())')
@@ -62,21 +67,29 @@ echo
 printf '%-12s %12s %14s %14s %14s %16s\n' concurrency "req/s" "p50 ttfa ms" "p95 ttfa ms" "avg ttfa ms" "p50 stream ms"
 for C in $CONCURRENCY; do
   $PY - "$OUT/c$C.csv" "$OUT/c$C.json" <<'PYEOF'
-import csv, json, statistics, sys
+import csv, mmap, re, statistics, sys
 sys.path.insert(0, "perf")
 from benchkit.percentiles import percentile
 rate = float(list(csv.DictReader(open(sys.argv[1])))[-1]["Inferences/Second"])
-run = json.load(open(sys.argv[2]))["experiments"][-1]
-bounds = run.get("window_boundaries") or []
+# The export is read by pattern, not as a whole: it holds every response's outputs (GBs of audio as
+# JSON numbers), and only the timestamps are needed. One experiment (one concurrency) per file.
+with open(sys.argv[2], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as export:
+    level = re.search(rb'"experiment":\{"mode":"[a-z_]+","value":(\d+)', export)
+    requests = [(int(m[1]), [int(t) for t in m[2].split(b",") if t]) for m in re.finditer(
+        rb'\{"timestamp":(\d+),"request_inputs":.*?,"response_timestamps":\[([0-9,]*)\]', export, re.S)]
+    tail = re.search(rb'"window_boundaries":\[([0-9,]*)\]\}\],"version"', export[-65536:])
+    if level is None or tail is None:
+        sys.exit(f"{sys.argv[2]}: the profile export is incomplete (a full disk?)")
+    level, bounds = int(level[1]), [int(t) for t in tail[1].split(b",") if t]
 # the windows perf_analyzer's own figures come from: its last three (stable) ones
 start, end = (bounds[-4] if len(bounds) >= 4 else bounds[0], bounds[-1]) if len(bounds) >= 2 else (0, float("inf"))
-sent = [r for r in run["requests"] if start <= r["timestamp"] < end] or run["requests"]
-silent = [r for r in sent if not r["response_timestamps"]]
-if silent:
+sent = [r for r in requests if start <= r[0] < end] or requests
+silent = [r for r in sent if not r[1]]
+if silent or not sent:
     sys.exit(f"{len(silent)} of {len(sent)} requests got no response")
-ttfa = [(r["response_timestamps"][0] - r["timestamp"]) / 1e6 for r in sent]
-whole = [(r["response_timestamps"][-1] - r["timestamp"]) / 1e6 for r in sent]
-print(f"{run['experiment']['value']:<12} {rate:12.2f} {statistics.median(ttfa):14.1f} {percentile(ttfa, 95):14.1f} "
+ttfa = [(times[0] - t0) / 1e6 for t0, times in sent]
+whole = [(times[-1] - t0) / 1e6 for t0, times in sent]
+print(f"{level:<12} {rate:12.2f} {statistics.median(ttfa):14.1f} {percentile(ttfa, 95):14.1f} "
       f"{statistics.fmean(ttfa):14.1f} {statistics.median(whole):16.1f}")
 PYEOF
 done
