@@ -12,8 +12,9 @@
 For each concurrency c, c clients stream requests back to back over gRPC (tritonclient) from a
 fixed set of texts, each on one connection it keeps (as perf_analyzer's clients do); with
 `--rate R1,R2`, requests instead arrive as a Poisson process of R requests per second
-(`--rate-requests` of them per rate, each on a connection of its own), as an open-loop load does. The table gives, with vLLM-Omni's names, `audio_ttfp` (time to the first audio packet,
-p50 / p95), `audio_rtf` (a request's wall time over its audio's duration, p50), audio seconds per
+(`--rate-requests` of them per rate, each on a connection of its own), as an open-loop load does.
+The table gives, with vLLM-Omni's names, `audio_ttfp` (time to the first audio packet, p50 / p95),
+`audio_rtf` (a request's wall time over its audio's duration, p50), audio seconds per
 wall second, what a listener hears (a player that starts at the first audio,
 omni_backend/playback.py): underrun (its total wait, p50 and max over requests) and the
 continuity rate (streams whose worst gap is under 100 ms), and errors. For Qwen3-TTS each
