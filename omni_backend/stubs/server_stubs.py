@@ -318,24 +318,31 @@ def remove_stale_regions(min_age_s: float = 10.0, names: set[str] | None = None,
     then "double free or corruption"), so it never became ready."""
     if not SHM_DIR.is_dir():
         return []
-    candidates = list(SHM_DIR.glob(f"{SHM_PREFIX}*"))   # before reading the mappings: see above
+    now = time.time()
+    candidates = []   # chosen before reading the mappings: see above
+    for path in SHM_DIR.glob(f"{SHM_PREFIX}*"):
+        if names is not None and path.name not in names:
+            continue
+        try:
+            made = path.stat().st_mtime
+        except OSError:
+            continue
+        if newer_than is not None and made < newer_than:
+            continue
+        if names is None and newer_than is None and now - made < min_age_s:
+            continue
+        candidates.append(path)
+    if not candidates:
+        return []
     in_use = mapped_regions()
     if any(path.name not in in_use for path in candidates):
         time.sleep(REGION_RECHECK_S)
         in_use |= mapped_regions()
     removed = []
-    now = time.time()
     for path in candidates:
         if path.name in in_use:
             continue
-        if names is not None and path.name not in names:
-            continue
         try:
-            made = path.stat().st_mtime
-            if newer_than is not None and made < newer_than:
-                continue
-            if names is None and newer_than is None and now - made < min_age_s:
-                continue
             path.unlink()
             removed.append(path.name)
         except OSError:
