@@ -290,8 +290,8 @@ class StreamSession:
     """One gRPC connection and one open stream for requests made one after another, as a client
     that keeps its connection does (perf_analyzer, the speech API): a request's times then leave
     out opening a connection and a stream (about 1 ms on a 2-core host). Not for concurrent use:
-    one session per client thread. A request that fails or is left unfinished closes the stream;
-    the next one opens another."""
+    one session per client thread. A request that fails or is left unfinished closes the stream
+    (and its queue), so no response of it reaches the next request, which opens another."""
 
     def __init__(self, url: str, timeout_s: float = 300.0):
         self.url, self.timeout_s = url, timeout_s
@@ -344,8 +344,6 @@ class StreamSession:
                 except queue.Empty:
                     raise TritonStreamError(f"unavailable: no response from {self.url} within "
                                             f"{self.timeout_s:g} s") from None
-                if error is None and result.get_response().id != request_id:
-                    continue   # a response of an earlier request that was left unfinished
                 part, final = _parse(result, error)
                 if part is not None:
                     yield part
