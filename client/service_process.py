@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,10 +26,40 @@ def _end_with_parent() -> None:
         pass
 
 
+LOWEST_PORT = 10000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections and `bind(0)` (Linux's default if unread)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, below the kernel's ephemeral range and not handed out before by this
+    process. A port from `bind(0)` is an ephemeral one: between this check and the server's own
+    bind, any outgoing connection on the host (a client of another server) may take it as its
+    local port, and the server then fails ("Socket '0.0.0.0:N' already in use"; a whole parallel
+    test run lost its shared server to it once)."""
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(LOWEST_PORT, low) if low > LOWEST_PORT + 1000 else 0
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        _handed_out.add(port)
+        return port
+    raise OSError("no free port found below the ephemeral range")
 
 
 class ServiceProcess:
