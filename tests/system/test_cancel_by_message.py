@@ -41,7 +41,9 @@ def test_a_cancel_message_ends_the_named_stream_at_once(triton):
         rest = [p async for p in parts]    # what was on its way, then the final response
         return time.monotonic() - t0, len(rest), before
     took, rest, before = run(_first_part_then(triton, "cancel-me", cancel_and_read_on))
-    assert took < 4.0 and rest <= 3   # the 40 sentences take far longer
+    # A chunk per sentence: the 40 would be 40 chunks. What still comes was made while the cancel
+    # travelled (a sentence takes tens of ms on a loaded host) or was already on its way.
+    assert took < 4.0 and rest <= 10, (took, rest)
     assert wait_for(triton.metrics_url, "omni_active_streams", 0, pipeline="hibari") == 0
     assert wait_for(triton.metrics_url, "omni_stage_active_requests", 0, model="hibari__synthesizer") == 0
     assert metric(triton.metrics_url, "omni_requests_total", pipeline="hibari", outcome="cancelled") == before + 1
