@@ -20,11 +20,13 @@ MALLOC_HEAPS = 2
 _M_TRIM_THRESHOLD = -1      # glibc's mallopt parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
-# No per-thread cache of freed small chunks in tritonserver and its stubs: tritonserver runs 96
-# Python-backend threads per model instance, and each one that ever ran a task kept its own cached
-# chunks, pinning heap pages (perf/JOURNAL.md: +12.7 % over a 30-minute soak with it, see there
-# for the figure without). glibc offers no mallopt for it, so it is a start-up tunable only.
+# No per-thread cache of freed small chunks in tritonserver: it runs 96 Python-backend threads per
+# model instance, and each one that ever ran a task kept its own cached chunks, pinning heap pages
+# (perf/JOURNAL.md: +12.7 % over a 30-minute soak with it, see there for the figure without).
+# glibc offers no mallopt for it, so it is a start-up tunable only. The stubs get it back through
+# their launcher (`stub_tunables`): a model's step makes and frees thousands of small buffers.
 THREAD_CACHE_CHUNKS = 0
+STUB_TUNABLES_ENV = "OMNI_STUB_GLIBC_TUNABLES"
 NUMPY_HUGEPAGE_ENV = "NUMPY_MADVISE_HUGEPAGE"
 
 
@@ -150,11 +152,12 @@ def release_free_memory_in_background(seconds: float = TRIM_INTERVAL_S) -> None:
     threading.Thread(target=run, name="release-free-memory", daemon=True).start()
 
 
-def tunables(env: dict[str, str]) -> str:
-    """`GLIBC_TUNABLES` for tritonserver and the stubs it starts, from their first allocation
-    (tritonserver cannot call mallopt itself; on `OMNI_TRITON_ALLOCATOR=jemalloc` only the stubs
-    read them): the same bounds as `bound_malloc_retention`, and no per-thread chunk cache;
-    settings already in `env` win.
+def tunables(env: dict[str, str], thread_cache: bool = False) -> str:
+    """`GLIBC_TUNABLES` for tritonserver (and, with `thread_cache`, the stubs it starts: see
+    `stub_tunables`), from their first allocation (tritonserver cannot call mallopt itself; on
+    `OMNI_TRITON_ALLOCATOR=jemalloc` only the stubs read them): the same bounds as
+    `bound_malloc_retention`, and no per-thread chunk cache unless `thread_cache`; settings
+    already in `env` win.
     tritonserver's free pages are not given back (`malloc_trim`) as the stubs' are: a preloaded
     thread that did it every 20 s crashed it under overload (SIGSEGV in the Python backend's
     execute path, 2 of 3 runs against 0 of 3 without, perf/JOURNAL.md), most likely a read of memory
@@ -163,8 +166,19 @@ def tunables(env: dict[str, str]) -> str:
     2 heaps: warm-up 30 -> 12 KB, later rounds +16.6, +8.8, -4.1, +6.7 -> +1.7, +4.9, -0.4, +0.2 KB."""
     given = env.get("GLIBC_TUNABLES", "")
     names = {item.split("=", 1)[0] for item in given.split(":") if item}
-    ours = [f"glibc.malloc.{k}={v}" for k, v in (("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
-                                                 ("trim_threshold", LARGE_BUFFER_BYTES),
-                                                 ("tcache_count", THREAD_CACHE_CHUNKS))
-            if f"glibc.malloc.{k}" not in names]
+    settings = [("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
+                ("trim_threshold", LARGE_BUFFER_BYTES)]
+    if not thread_cache:
+        settings.append(("tcache_count", THREAD_CACHE_CHUNKS))
+    ours = [f"glibc.malloc.{k}={v}" for k, v in settings if f"glibc.malloc.{k}" not in names]
     return ":".join([*(x for x in given.split(":") if x), *ours])
+
+
+def stub_tunables(env: dict[str, str]) -> str:
+    """`GLIBC_TUNABLES` for the stubs: tritonserver's bounds with glibc's per-thread cache of small
+    chunks kept (a user's own `tcache_count` still wins). A model step makes and frees thousands of
+    small buffers from one or two threads; without the cache each goes through the heap's lock
+    and bins: the small random Qwen3-TTS's frame step in-process took 45.2-46.9 ms without it and
+    42.1-43.6 ms with it (perf/JOURNAL.md). A stub has tens of threads, not tritonserver's
+    hundreds, and each thread's cache holds at most 7 chunks of up to 1 KiB per size."""
+    return tunables(env, thread_cache=True)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import shutil
 import sys
 import sysconfig
 from pathlib import Path
 
 from omni_backend import glibc_heaps
 from omni_backend.deploy import PYTHON_BACKEND_THREADS
-from omni_backend.supervisor import server_malloc
+from omni_backend.supervisor import server_malloc, stub_launcher
 
 
 def _pytriton_root() -> Path:
@@ -54,7 +53,9 @@ def binary_path() -> Path:
 
 
 def backend_directory() -> Path:
-    """A backends folder whose python backend has the stub for this interpreter."""
+    """A backends folder whose python backend has the stub for this interpreter, started through
+    `stub_launcher` (the stubs' own glibc tunables). The NGC container's own folder is used as it
+    is: its stubs keep tritonserver's tunables."""
     ngc = Path("/opt/tritonserver/backends")
     if ngc.exists() and not os.environ.get("TRITONSERVER_BIN"):
         return ngc
@@ -65,12 +66,12 @@ def backend_directory() -> Path:
     stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.exists():
         raise SystemExit(f"no Triton Python backend stub for Python {version} in {stub.parent.parent}")
-    if not (python_dir / "triton_python_backend_stub").exists():
+    if not stub_launcher.installed(python_dir):
         python_dir.mkdir(parents=True, exist_ok=True)
         for src in (root / "backends" / "python").iterdir():
-            if src.is_file():
-                shutil.copy2(src, python_dir / src.name)
-        shutil.copy2(stub, python_dir / "triton_python_backend_stub")
+            if src.is_file() and src.name != stub_launcher.STUB_NAME:
+                stub_launcher.copy_atomically(src, python_dir / src.name)
+        stub_launcher.install(python_dir, stub)
     return target
 
 
@@ -86,7 +87,10 @@ def server_env() -> dict[str, str]:
     if env.get("LD_LIBRARY_PATH"):
         libs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in libs if x)
-    # bounded glibc heaps for the stubs, and for tritonserver unless it runs on jemalloc
+    # bounded glibc heaps for the stubs, and for tritonserver unless it runs on jemalloc; the
+    # stubs keep glibc's per-thread cache (their launcher sets theirs). Kept where it is set: the
+    # supervisor's own call sees the server's tunables, not the user's, in its environment.
+    env.setdefault(glibc_heaps.STUB_TUNABLES_ENV, glibc_heaps.stub_tunables(env))
     env["GLIBC_TUNABLES"] = glibc_heaps.tunables(env)
     if server_malloc.choice(env) == "jemalloc":
         env["MALLOC_CONF"] = server_malloc.conf(env)

@@ -37,3 +37,15 @@ def test_tritonserver_on_jemalloc_serves_and_its_stubs_keep_glibc(jemalloc_serve
         assert b"LD_PRELOAD=" not in Path(f"/proc/{stub.pid}/environ").read_bytes(), stub.model
     res = synthesize(jemalloc_server.grpc_url, "hibari", "Served on jemalloc. Two sentences.")
     assert len(res.chunks) == 2 and res.audio.size > 0
+
+
+def test_the_served_stubs_keep_glibcs_thread_cache_and_tritonserver_does_not(triton) -> None:
+    """The stubs start through `stub_launcher` with their own tunables (glibc reads them at start;
+    the loader cuts the variable in a process's initial environment at each ':' it parsed)."""
+    environ = lambda pid: Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"glibc.malloc.tcache_count=0" in environ(triton.server_pid)
+    children = stubs.stubs_of(triton.server_pid)
+    assert children
+    for stub in children:
+        assert b"glibc.malloc.arena_max=2" in b"".join(environ(stub.pid)), stub.model
+        assert b"glibc.malloc.tcache_count=0" not in environ(stub.pid), stub.model
