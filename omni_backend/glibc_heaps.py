@@ -152,33 +152,40 @@ def release_free_memory_in_background(seconds: float = TRIM_INTERVAL_S) -> None:
     threading.Thread(target=run, name="release-free-memory", daemon=True).start()
 
 
-def tunables(env: dict[str, str], thread_cache: bool = False) -> str:
-    """`GLIBC_TUNABLES` for tritonserver (and, with `thread_cache`, the stubs it starts: see
-    `stub_tunables`), from their first allocation (tritonserver cannot call mallopt itself; on
-    `OMNI_TRITON_ALLOCATOR=jemalloc` only the stubs read them): the same bounds as
-    `bound_malloc_retention`, and no per-thread chunk cache unless `thread_cache`; settings
-    already in `env` win.
-    tritonserver's free pages are not given back (`malloc_trim`) as the stubs' are: a preloaded
-    thread that did it every 20 s crashed it under overload (SIGSEGV in the Python backend's
-    execute path, 2 of 3 runs against 0 of 3 without, perf/JOURNAL.md), most likely a read of memory
-    the backend had already freed, harmless while glibc keeps those pages.
-    tritonserver's heap per request (perf/request_memory.py, 150 requests a round), default ->
-    2 heaps: warm-up 30 -> 12 KB, later rounds +16.6, +8.8, -4.1, +6.7 -> +1.7, +4.9, -0.4, +0.2 KB."""
+def _with_ours(env: dict[str, str], settings: list[tuple[str, int]]) -> str:
     given = env.get("GLIBC_TUNABLES", "")
     names = {item.split("=", 1)[0] for item in given.split(":") if item}
-    settings = [("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
-                ("trim_threshold", LARGE_BUFFER_BYTES)]
-    if not thread_cache:
-        settings.append(("tcache_count", THREAD_CACHE_CHUNKS))
     ours = [f"glibc.malloc.{k}={v}" for k, v in settings if f"glibc.malloc.{k}" not in names]
     return ":".join([*(x for x in given.split(":") if x), *ours])
 
 
+def tunables(env: dict[str, str]) -> str:
+    """`GLIBC_TUNABLES` for tritonserver (and the speech API), from the first allocation
+    (tritonserver cannot call mallopt itself; on `OMNI_TRITON_ALLOCATOR=jemalloc` it reads none of
+    them): two heaps, the fixed mmap threshold of `bound_malloc_retention`, and no per-thread chunk
+    cache; settings already in `env` win.
+    Not the 4 MiB trim threshold the stubs get (`stub_tunables`): tritonserver's free pages are
+    never given back (`malloc_trim`) as the stubs' are every 20 s, so up to 4 MiB would stay at
+    the top of each heap for good (a 30-minute soak with it: tritonserver +12 % at minute 20, its
+    second heap 4.7 -> 10.3 MB; perf/JOURNAL.md). Not trimmed, because a preloaded thread that
+    did it every 20 s crashed it under overload (SIGSEGV in the Python backend's execute path, 2
+    of 3 runs against 0 of 3 without), most likely a read of memory the backend had already
+    freed, harmless while glibc keeps those pages.
+    tritonserver's heap per request (perf/request_memory.py, 150 requests a round), default ->
+    2 heaps: warm-up 30 -> 12 KB, later rounds +16.6, +8.8, -4.1, +6.7 -> +1.7, +4.9, -0.4, +0.2 KB."""
+    return _with_ours(env, [("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
+                            ("tcache_count", THREAD_CACHE_CHUNKS)])
+
+
 def stub_tunables(env: dict[str, str]) -> str:
-    """`GLIBC_TUNABLES` for the stubs: tritonserver's bounds with glibc's per-thread cache of small
-    chunks kept (a user's own `tcache_count` still wins). A model step makes and frees thousands of
-    small buffers from one or two threads; without the cache each goes through the heap's lock
-    and bins: the small random Qwen3-TTS's frame step in-process took 45.2-46.9 ms without it and
-    42.1-43.6 ms with it (perf/JOURNAL.md). A stub has tens of threads, not tritonserver's
-    hundreds, and each thread's cache holds at most 7 chunks of up to 1 KiB per size."""
-    return tunables(env, thread_cache=True)
+    """`GLIBC_TUNABLES` for the stubs, the same bounds as `bound_malloc_retention` from their first
+    allocation: two heaps, the fixed mmap threshold, up to 4 MiB kept free at a heap's top (its
+    docstring says why; the stubs give it back every 20 s), and glibc's per-thread cache of small
+    chunks kept; settings already in `env` win. A model step makes and frees thousands of small
+    buffers from one or two threads; without the cache each goes through the heap's lock and bins:
+    the small random Qwen3-TTS's frame step in-process took 45.2-46.9 ms without it and 42.1-43.6
+    ms with it, and served first audio came 5.5-5.8 ms sooner per round (perf/JOURNAL.md). A stub
+    has tens of threads, not tritonserver's hundreds, and each thread's cache holds at most 7
+    chunks of up to 1 KiB per size."""
+    return _with_ours(env, [("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
+                            ("trim_threshold", LARGE_BUFFER_BYTES)])

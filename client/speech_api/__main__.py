@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _restart_with_glibc_tunables() -> None:
-    """Run as a program, start again with the glibc settings tritonserver and its stubs get
+    """Run as a program, start again with the glibc settings tritonserver gets
     (`glibc_heaps.tunables`: no per-thread chunk cache, two heaps, a fixed mmap threshold): the
     chunk cache is a start-up setting only, and with it each request-handling thread kept its
     own cached chunks (+5.3 % anonymous memory over a 30-minute soak, +0.9 % without)."""
