@@ -23,8 +23,8 @@ _M_ARENA_MAX = -8
 # No per-thread cache of freed small chunks in tritonserver: it runs 96 Python-backend threads per
 # model instance, and each one that ever ran a task kept its own cached chunks, pinning heap pages
 # (perf/JOURNAL.md: +12.7 % over a 30-minute soak with it, see there for the figure without).
-# glibc offers no mallopt for it, so it is a start-up tunable only. The stubs get it back through
-# their launcher (`stub_tunables`): a model's step makes and frees thousands of small buffers.
+# glibc offers no mallopt for it, so it is a start-up tunable only. The stubs go without it by
+# default too (`stub_tunables`: where a user may turn it on for them alone).
 THREAD_CACHE_CHUNKS = 0
 STUB_TUNABLES_ENV = "OMNI_STUB_GLIBC_TUNABLES"
 NUMPY_HUGEPAGE_ENV = "NUMPY_MADVISE_HUGEPAGE"
@@ -178,14 +178,17 @@ def tunables(env: dict[str, str]) -> str:
 
 
 def stub_tunables(env: dict[str, str]) -> str:
-    """`GLIBC_TUNABLES` for the stubs, the same bounds as `bound_malloc_retention` from their first
-    allocation: two heaps, the fixed mmap threshold, up to 4 MiB kept free at a heap's top (its
-    docstring says why; the stubs give it back every 20 s), and glibc's per-thread cache of small
-    chunks kept; settings already in `env` win. A model step makes and frees thousands of small
-    buffers from one or two threads; without the cache each goes through the heap's lock and bins:
-    the small random Qwen3-TTS's frame step in-process took 45.2-46.9 ms without it and 42.1-43.6
-    ms with it, and served first audio came 5.5-5.8 ms sooner per round (perf/JOURNAL.md). A stub
-    has tens of threads, not tritonserver's hundreds, and each thread's cache holds at most 7
-    chunks of up to 1 KiB per size."""
+    """`GLIBC_TUNABLES` for the stubs (their launcher sets them: `OMNI_STUB_GLIBC_TUNABLES`, where a
+    value of the user's own wins whole), the same bounds as `bound_malloc_retention` from their
+    first allocation: two heaps, the fixed mmap threshold, up to 4 MiB kept free at a heap's top
+    (its docstring says why; the stubs give it back every 20 s), and no per-thread chunk cache;
+    settings already in `env` win.
+    The cache would make a model step faster (it makes and frees thousands of small buffers): the
+    small random Qwen3-TTS's frame step in-process took 45.2-46.9 ms without it and 42.1-43.6 ms
+    with it, and served first audio came 5.5-5.8 ms sooner per round. But in the second of two
+    30-minute soaks with it on in the stubs, the hibari entry's stub aborted on a corrupted heap
+    (`malloc_consolidate(): unaligned fastbin chunk detected`), never seen in the stubs without
+    it (perf/JOURNAL.md). A server that stays up comes first: it stays off unless the user's own
+    `OMNI_STUB_GLIBC_TUNABLES` leaves `tcache_count` out."""
     return _with_ours(env, [("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
-                            ("trim_threshold", LARGE_BUFFER_BYTES)])
+                            ("trim_threshold", LARGE_BUFFER_BYTES), ("tcache_count", THREAD_CACHE_CHUNKS)])

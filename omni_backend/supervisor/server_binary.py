@@ -87,9 +87,9 @@ def server_env() -> dict[str, str]:
     if env.get("LD_LIBRARY_PATH"):
         libs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in libs if x)
-    # bounded glibc heaps for the stubs, and for tritonserver unless it runs on jemalloc; the
-    # stubs keep glibc's per-thread cache (their launcher sets theirs). Kept where it is set: the
-    # supervisor's own call sees the server's tunables, not the user's, in its environment.
+    # bounded glibc heaps for the stubs (their launcher sets theirs), and for tritonserver unless it
+    # runs on jemalloc. The stubs' are kept where set: a user's own, or the first call's (the
+    # supervisor's own call sees the server's tunables, not the user's, in its environment).
     env.setdefault(glibc_heaps.STUB_TUNABLES_ENV, glibc_heaps.stub_tunables(env))
     env["GLIBC_TUNABLES"] = glibc_heaps.tunables(env)
     if server_malloc.choice(env) == "jemalloc":

@@ -1,8 +1,9 @@
 """The Python backend's stub, started through a launcher that gives the stubs their own glibc tunables.
 
 tritonserver starts each stub as `bash -c "exec <backend>/python/triton_python_backend_stub <args>"`
-with its own environment, so a stub inherits tritonserver's `GLIBC_TUNABLES`, which turn glibc's
-per-thread chunk cache off (`glibc_heaps.THREAD_CACHE_CHUNKS`). The launcher, installed under
+with its own environment, so a stub would inherit tritonserver's `GLIBC_TUNABLES`; a stub's heap
+wants other bounds (`glibc_heaps.stub_tunables`: a 4 MiB trim threshold, which tritonserver,
+never trimmed, must not have). The launcher, installed under
 the stub's name, sets `GLIBC_TUNABLES` from `$OMNI_STUB_GLIBC_TUNABLES` (`server_binary.server_env`
 puts `glibc_heaps.stub_tunables` there) and executes the real stub in its place: same pid, same
 parent, and `argv[0]` still the stub's name, so the supervisor and the orphan guard see a stub as

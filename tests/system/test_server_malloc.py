@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from client.triton_stream import synthesize
+from omni_backend import glibc_heaps
 from omni_backend.stubs import server_stubs as stubs
 from omni_backend.supervisor import server_malloc
 from tests.served_pipeline import running
@@ -39,13 +40,16 @@ def test_tritonserver_on_jemalloc_serves_and_its_stubs_keep_glibc(jemalloc_serve
     assert len(res.chunks) == 2 and res.audio.size > 0
 
 
-def test_the_served_stubs_keep_glibcs_thread_cache_and_tritonserver_does_not(triton) -> None:
-    """The stubs start through `stub_launcher` with their own tunables (glibc reads them at start;
-    the loader cuts the variable in a process's initial environment at each ':' it parsed)."""
+def test_the_served_stubs_start_with_their_own_tunables(triton) -> None:
+    """The stubs start through `stub_launcher` with their own tunables, a 4 MiB trim threshold that
+    tritonserver does not have (glibc reads them at start; the loader cuts the variable in a
+    process's initial environment at each ':' it parsed)."""
+    trim = f"glibc.malloc.trim_threshold={glibc_heaps.LARGE_BUFFER_BYTES}".encode()
     environ = lambda pid: Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert b"glibc.malloc.tcache_count=0" in environ(triton.server_pid)
+    assert trim not in environ(triton.server_pid)
     children = stubs.stubs_of(triton.server_pid)
     assert children
     for stub in children:
-        assert b"glibc.malloc.arena_max=2" in b"".join(environ(stub.pid)), stub.model
-        assert b"glibc.malloc.tcache_count=0" not in environ(stub.pid), stub.model
+        assert trim in environ(stub.pid), stub.model
+        assert not any(e.startswith(glibc_heaps.STUB_TUNABLES_ENV.encode()) for e in environ(stub.pid)), stub.model

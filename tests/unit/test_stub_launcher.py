@@ -66,14 +66,15 @@ def test_a_folder_with_the_binary_stub_under_its_name_is_not_taken_as_installed(
     assert stub_launcher.installed(tmp_path)
 
 
-def test_the_stubs_keep_glibcs_thread_cache_and_the_server_does_not(monkeypatch) -> None:
+def test_the_stubs_keep_freed_memory_at_their_heaps_top_and_the_server_does_not(monkeypatch) -> None:
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.delenv(glibc_heaps.STUB_TUNABLES_ENV, raising=False)
     env = server_binary.server_env()
-    assert "glibc.malloc.tcache_count=0" in env["GLIBC_TUNABLES"].split(":")
+    server = env["GLIBC_TUNABLES"].split(":")
     stubs = env[glibc_heaps.STUB_TUNABLES_ENV].split(":")
-    assert not any(s.startswith("glibc.malloc.tcache_count") for s in stubs)
-    assert f"glibc.malloc.arena_max={glibc_heaps.MALLOC_HEAPS}" in stubs
+    trim = f"glibc.malloc.trim_threshold={glibc_heaps.LARGE_BUFFER_BYTES}"
+    assert trim in stubs and trim not in server
+    assert set(server) < set(stubs)   # the other bounds are the same
     # the supervisor computes the environment again inside an environment made by it: the
     # stubs' tunables still come from the user's, not from the server's
     monkeypatch.setenv("GLIBC_TUNABLES", env["GLIBC_TUNABLES"])
@@ -81,7 +82,17 @@ def test_the_stubs_keep_glibcs_thread_cache_and_the_server_does_not(monkeypatch)
     assert server_binary.server_env()[glibc_heaps.STUB_TUNABLES_ENV] == env[glibc_heaps.STUB_TUNABLES_ENV]
 
 
-def test_a_users_own_thread_cache_setting_reaches_the_stubs(monkeypatch) -> None:
+def test_a_users_own_stub_tunables_win_whole(monkeypatch) -> None:
+    # e.g. glibc's per-thread cache for the stubs alone (off by default, glibc_heaps.stub_tunables)
+    mine = "glibc.malloc.arena_max=2:glibc.malloc.trim_threshold=4194304"
+    monkeypatch.setenv(glibc_heaps.STUB_TUNABLES_ENV, mine)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    env = server_binary.server_env()
+    assert env[glibc_heaps.STUB_TUNABLES_ENV] == mine
+    assert "glibc.malloc.tcache_count=0" in env["GLIBC_TUNABLES"].split(":")
+
+
+def test_a_users_own_glibc_tunables_reach_the_stubs(monkeypatch) -> None:
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=3")
     monkeypatch.delenv(glibc_heaps.STUB_TUNABLES_ENV, raising=False)
     env = server_binary.server_env()
