@@ -152,6 +152,10 @@ def release_free_memory_in_background(seconds: float = TRIM_INTERVAL_S) -> None:
     threading.Thread(target=run, name="release-free-memory", daemon=True).start()
 
 
+_SERVER_SETTINGS = [("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
+                    ("tcache_count", THREAD_CACHE_CHUNKS)]
+
+
 def _with_ours(env: dict[str, str], settings: list[tuple[str, int]]) -> str:
     given = env.get("GLIBC_TUNABLES", "")
     names = {item.split("=", 1)[0] for item in given.split(":") if item}
@@ -173,8 +177,7 @@ def tunables(env: dict[str, str]) -> str:
     freed, harmless while glibc keeps those pages.
     tritonserver's heap per request (perf/request_memory.py, 150 requests a round), default ->
     2 heaps: warm-up 30 -> 12 KB, later rounds +16.6, +8.8, -4.1, +6.7 -> +1.7, +4.9, -0.4, +0.2 KB."""
-    return _with_ours(env, [("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
-                            ("tcache_count", THREAD_CACHE_CHUNKS)])
+    return _with_ours(env, _SERVER_SETTINGS)
 
 
 def stub_tunables(env: dict[str, str]) -> str:
@@ -190,5 +193,4 @@ def stub_tunables(env: dict[str, str]) -> str:
     (`malloc_consolidate(): unaligned fastbin chunk detected`), never seen in the stubs without
     it (perf/JOURNAL.md). A server that stays up comes first: it stays off unless the user's own
     `OMNI_STUB_GLIBC_TUNABLES` leaves `tcache_count` out."""
-    return _with_ours(env, [("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
-                            ("trim_threshold", LARGE_BUFFER_BYTES), ("tcache_count", THREAD_CACHE_CHUNKS)])
+    return _with_ours(env, [*_SERVER_SETTINGS, ("trim_threshold", LARGE_BUFFER_BYTES)])
