@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+import weakref
 from pathlib import Path
 
 
@@ -67,6 +68,13 @@ class ServiceProcess:
 
     name = "service"
     poll_s = 0.25
+    _started: "weakref.WeakSet[ServiceProcess]" = weakref.WeakSet()
+
+    @classmethod
+    def live(cls) -> list["ServiceProcess"]:
+        """The servers of this class started in this process and not stopped yet (a failed test's
+        report shows what their logs say)."""
+        return [p for p in list(ServiceProcess._started) if isinstance(p, cls) and p.proc is not None]
 
     def __init__(self, log_path: str | Path | None = None, cwd: str | Path | None = None):
         self.log_path = Path(log_path) if log_path else None
@@ -90,6 +98,7 @@ class ServiceProcess:
             out = self._log
         self.proc = subprocess.Popen(self.command(), cwd=self.cwd, env=self.environment(), stdout=out,
                                      stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_end_with_parent)
+        ServiceProcess._started.add(self)
         self.wait_ready(timeout_s)
         return self
 

@@ -16,6 +16,8 @@ from tests.served_pipeline import running  # noqa: E402
 pytest_plugins = ["tests.requirement", "pytester"]
 # the tiers (system, oracle, unit_fast) and, on several workers, which tests share one
 pytest_plugins += ["tests.tiers", "tests.worker_groups"]
+# a failed test shows its servers' crashes and restarts
+pytest_plugins.append("tests.server_events")
 if (ROOT / "tests" / "qwen3_fixtures.py").exists():
     pytest_plugins.append("tests.qwen3_fixtures")
 if (ROOT / "tests" / "orpheus_fixtures.py").exists():
