@@ -21,6 +21,7 @@ step p50 over the same frames, and the compile + capture time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import platform
 import statistics
@@ -48,35 +49,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def profile_steps(engine, device: str, frames: int, warmup: int) -> tuple[list[float], "torch.profiler.profile"]:
-    """Step times (s) of `frames` steps of one running request, and the profiler that watched them."""
-    from torch.profiler import ProfilerActivity, profile
-
-    builder = engine.runner.checkpoint.prompt_builder()
-    speaker = (list(builder.speakers) or [None])[0]
-    total = warmup + frames + 2
-    engine.add_request("profile", builder.build(TEXT, speaker=speaker),
-                       SamplingParams.greedy(max_new_tokens=total, min_new_tokens=total))
-    engine.step()   # the prefill
-    for _ in range(warmup):
-        engine.step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    times = []
-    with profile(activities=activities) as prof:
-        for _ in range(frames):
-            sync(device)
-            t = time.perf_counter()
-            engine.step()
-            sync(device)
-            times.append(time.perf_counter() - t)
-    engine.cancel("profile")
-    while engine.has_unfinished():
-        engine.step()
-    return times, prof
-
-
-def time_steps(engine, device: str, frames: int, warmup: int) -> list[float]:
-    """Step times (s) of `frames` steps of one running request, without the profiler."""
+def _steps(engine, device: str, frames: int, warmup: int, watch=None) -> list[float]:
+    """Step times (s) of `frames` steps of one running greedy request, after its prefill and
+    `warmup` steps; `watch`: a context manager around the timed steps (the profiler)."""
     builder = engine.runner.checkpoint.prompt_builder()
     speaker = (list(builder.speakers) or [None])[0]
     total = warmup + frames + 2
@@ -86,16 +61,31 @@ def time_steps(engine, device: str, frames: int, warmup: int) -> list[float]:
     for _ in range(warmup):
         engine.step()
     times = []
-    for _ in range(frames):
-        sync(device)
-        t = time.perf_counter()
-        engine.step()
-        sync(device)
-        times.append(time.perf_counter() - t)
+    with watch if watch is not None else contextlib.nullcontext():
+        for _ in range(frames):
+            sync(device)
+            t = time.perf_counter()
+            engine.step()
+            sync(device)
+            times.append(time.perf_counter() - t)
     engine.cancel("timed")
     while engine.has_unfinished():
         engine.step()
     return times
+
+
+def profile_steps(engine, device: str, frames: int, warmup: int) -> tuple[list[float], "torch.profiler.profile"]:
+    """Step times (s) of `frames` steps of one running request, and the profiler that watched them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    prof = profile(activities=activities)
+    return _steps(engine, device, frames, warmup, prof), prof
+
+
+def time_steps(engine, device: str, frames: int, warmup: int) -> list[float]:
+    """Step times (s) of `frames` steps of one running request, without the profiler."""
+    return _steps(engine, device, frames, warmup)
 
 
 def compiled_line(model: Path, mode: str, device: str, dtype: str, eager: bool, frames: int, warmup: int,

@@ -89,6 +89,17 @@ class Chromium:
             raise RuntimeError(f"page script failed: {result['exceptionDetails']}")
         return result["result"].get("value")
 
+    def wait_for(self, expression: str, timeout_s: float, state: str = "JSON.stringify(window.omniSpeech)"):
+        """The value of `expression` once it is truthy (polled every 50 ms); past `timeout_s` an
+        AssertionError with the page's `state`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"page never satisfied {expression}; state: {self.evaluate(state)}")
+
     def navigate(self, url: str) -> None:
         self.call("Page.navigate", session=True, url=url)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
@@ -26,31 +25,21 @@ def browser():
         chromium.stop()
 
 
-def wait_page(browser: Chromium, expression: str, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = browser.evaluate(expression)
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"page never satisfied {expression}; state: {browser.evaluate('JSON.stringify(window.omniSpeech)')}")
-
-
 def play(browser: Chromium, response_format: str) -> dict:
     browser.evaluate(f"document.getElementById('format').value = {json.dumps(response_format)}")
     browser.click("#play")
-    wait_page(browser, "['done', 'error'].includes(window.omniSpeech.phase)", 30)
+    browser.wait_for("['done', 'error'].includes(window.omniSpeech.phase)", 30)
     return json.loads(browser.evaluate("JSON.stringify(window.omniSpeech)"))
 
 
 def test_page_plays_streamed_audio_and_reports_ttfa(shim, browser, tmp_path):
     browser.navigate(f"{shim.url}/")
-    wait_page(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
+    browser.wait_for("window.omniSpeech && window.omniSpeech.ready", 15)
     models = browser.evaluate("[...document.getElementById('model').options].map(o => o.value)")
     assert "hibari" in models and "tts-1" in models
     browser.evaluate("(() => { const m = document.getElementById('model'); m.value = 'hibari';"
                      " m.dispatchEvent(new Event('change')); })()")
-    wait_page(browser, "document.getElementById('voice').value === 'heart'", 5)
+    browser.wait_for("document.getElementById('voice').value === 'heart'", 5)
 
     state = play(browser, "pcm")
     browser.screenshot(tmp_path / "page.png")
@@ -84,7 +73,7 @@ def test_page_uploads_a_voice_and_clones_it(shim, browser):
     sf.write(buffer, Hibari()(text, seed=3), 24000, format="WAV")
     payload = base64.b64encode(buffer.getvalue()).decode()
     browser.navigate(f"{shim.url}/")
-    wait_page(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
+    browser.wait_for("window.omniSpeech && window.omniSpeech.ready", 15)
     models = browser.evaluate("[...document.getElementById('model').options].map(o => o.value)")
     assert "qwen3_tts_tiny_random_base" in models, "not in the committed model repository: rebuild it (make repository)"
     browser.evaluate("(() => { const m = document.getElementById('model'); m.value = 'qwen3_tts_tiny_random_base';"
@@ -100,7 +89,7 @@ def test_page_uploads_a_voice_and_clones_it(shim, browser):
         document.getElementById('upload-voice').open = true;
     }})()""")
     browser.evaluate("document.getElementById('voice-upload').click()")
-    wait_page(browser, "document.getElementById('voice').value === 'page-voice' || document.getElementById('status').textContent.startsWith('upload:')", 15)
+    browser.wait_for("document.getElementById('voice').value === 'page-voice' || document.getElementById('status').textContent.startsWith('upload:')", 15)
     assert browser.evaluate("document.getElementById('voice').value") == 'page-voice', browser.evaluate("document.getElementById('status').textContent")
     browser.evaluate("document.getElementById('text').value = 'A cloned voice.'")
     state = play(browser, "pcm")

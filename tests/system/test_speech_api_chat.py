@@ -369,13 +369,12 @@ def test_hang_up_before_the_audio_frees_the_stream(stack):
 
 def _open_chat(browser, url: str) -> None:
     """The page, with the chat model chosen and its chat box shown."""
-    from tests.system.test_speech_api_browser import wait_page
 
     browser.navigate(f"{url}/")
-    wait_page(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
+    browser.wait_for("window.omniSpeech && window.omniSpeech.ready", 15)
     browser.evaluate(f"(() => {{ const m = document.getElementById('model'); m.value = {json.dumps(MODEL)};"
                      " m.dispatchEvent(new Event('change')); })()")
-    wait_page(browser, "window.omniSpeech.mode === 'chat' && document.getElementById('voice').value", 5)
+    browser.wait_for("window.omniSpeech.mode === 'chat' && document.getElementById('voice').value", 5)
 
 
 def test_page_chat_box_holds_a_conversation(stack, tmp_path):
@@ -384,7 +383,6 @@ def test_page_chat_box_holds_a_conversation(stack, tmp_path):
     import os
 
     from tests.system.chromium_cdp import CHROMIUM, Chromium
-    from tests.system.test_speech_api_browser import wait_page
 
     assert os.path.exists(CHROMIUM), "the page test needs Debian's chromium (apt-get install -y chromium)"
     browser = Chromium().start()
@@ -393,7 +391,7 @@ def test_page_chat_box_holds_a_conversation(stack, tmp_path):
         for n, said in enumerate(("Hello there.", "And then?"), 1):
             browser.evaluate(f"document.getElementById('chat-input').value = {json.dumps(said)}")
             browser.click("#chat-send")
-            wait_page(browser, f"window.omniSpeech.chat.history.length === {2 * n} || "
+            browser.wait_for(f"window.omniSpeech.chat.history.length === {2 * n} || "
                                "window.omniSpeech.chat.phase === 'error'", 60)
             state = json.loads(browser.evaluate("JSON.stringify(window.omniSpeech.chat)"))
             assert state["phase"] == "done", state["error"]
@@ -415,7 +413,6 @@ def test_page_chat_box_sends_a_recording_and_an_image(stack, tmp_path):
     from PIL import Image
 
     from tests.system.chromium_cdp import CHROMIUM, Chromium
-    from tests.system.test_speech_api_browser import wait_page
 
     assert os.path.exists(CHROMIUM), "the page test needs Debian's chromium (apt-get install -y chromium)"
     picture = tmp_path / "picture.png"
@@ -424,17 +421,17 @@ def test_page_chat_box_sends_a_recording_and_an_image(stack, tmp_path):
     try:
         _open_chat(browser, stack[1].url)
         browser.click("#chat-record")
-        wait_page(browser, "document.getElementById('chat-record').classList.contains('recording')", 10)
+        browser.wait_for("document.getElementById('chat-record').classList.contains('recording')", 10)
         time.sleep(1.2)
         browser.click("#chat-record")
-        wait_page(browser, "window.omniSpeech.chat.attachments.length === 1", 10)
+        browser.wait_for("window.omniSpeech.chat.attachments.length === 1", 10)
         root = browser.call("DOM.getDocument", session=True)["root"]["nodeId"]
         node = browser.call("DOM.querySelector", session=True, nodeId=root, selector="#chat-image")["nodeId"]
         browser.call("DOM.setFileInputFiles", session=True, nodeId=node, files=[str(picture)])
-        wait_page(browser, "window.omniSpeech.chat.attachments.length === 2", 10)
+        browser.wait_for("window.omniSpeech.chat.attachments.length === 2", 10)
         browser.evaluate("document.getElementById('chat-input').value = 'What do you hear and see?'")
         browser.click("#chat-send")
-        wait_page(browser, "window.omniSpeech.chat.history.length === 2 || window.omniSpeech.chat.phase === 'error'", 90)
+        browser.wait_for("window.omniSpeech.chat.history.length === 2 || window.omniSpeech.chat.phase === 'error'", 90)
         state = json.loads(browser.evaluate("JSON.stringify(window.omniSpeech.chat)"))
         assert state["phase"] == "done", state["error"]
         assert state["answer"] and state["audioSeconds"] > 0.1

@@ -197,19 +197,18 @@ def test_page_chat_box_streams_text_and_plays_audio(stack, tmp_path):
     import os
 
     from tests.system.chromium_cdp import CHROMIUM, Chromium
-    from tests.system.test_speech_api_browser import wait_page
 
     assert os.path.exists(CHROMIUM), "the page test needs Debian's chromium (apt-get install -y chromium)"
     browser = Chromium().start()
     try:
         browser.navigate(f"{stack[1].url}/")
-        wait_page(browser, "window.omniSpeech && window.omniSpeech.ready && window.omniSpeech.mode === 'chat'", 15)
+        browser.wait_for("window.omniSpeech && window.omniSpeech.ready && window.omniSpeech.mode === 'chat'", 15)
         assert browser.evaluate("document.getElementById('chat').hidden") is False
         assert browser.evaluate("document.getElementById('text').hidden") is True
-        wait_page(browser, "document.getElementById('voice').value === 'plain'", 5)
+        browser.wait_for("document.getElementById('voice').value === 'plain'", 5)
         browser.evaluate(f"document.getElementById('chat-input').value = {json.dumps(TEXT)}")
         browser.click("#chat-send")
-        wait_page(browser, "['done', 'error'].includes(window.omniSpeech.chat.phase)", 30)
+        browser.wait_for("['done', 'error'].includes(window.omniSpeech.chat.phase)", 30)
         state = json.loads(browser.evaluate("JSON.stringify(window.omniSpeech.chat)"))
         browser.screenshot(tmp_path / "chat.png")
         assert state["phase"] == "done", state["error"]

@@ -30,14 +30,7 @@ def page_shim(text_triton, tmp_path_factory):
         server.stop()
 
 
-def _wait(browser: Chromium, expression: str, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = browser.evaluate(expression)
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"page never satisfied {expression}: {browser.evaluate('JSON.stringify(window.omniSpeech.live)')}")
+LIVE_STATE = "JSON.stringify(window.omniSpeech.live)"
 
 
 def _click(browser: Chromium, selector: str) -> None:
@@ -50,20 +43,20 @@ def test_live_mode_speaks_while_typing(page_shim, tmp_path):
     browser = Chromium().start()
     try:
         browser.navigate(f"{page_shim.url}/")
-        _wait(browser, "window.omniSpeech && window.omniSpeech.ready", 15)
+        browser.wait_for("window.omniSpeech && window.omniSpeech.ready", 15, LIVE_STATE)
         browser.evaluate(f"(() => {{ const m = document.getElementById('model'); m.value = {json.dumps(QWEN)};"
                          " m.dispatchEvent(new Event('change')); })()")
-        _wait(browser, "document.getElementById('voice').options.length > 1", 5)
+        browser.wait_for("document.getElementById('voice').options.length > 1", 5, LIVE_STATE)
         browser.evaluate("document.getElementById('live').open = true")
         _click(browser, "#live-start")
-        _wait(browser, "!document.getElementById('live-text').disabled", 10)
+        browser.wait_for("!document.getElementById('live-text').disabled", 10, LIVE_STATE)
         for word in "Hello there, I am typing this sentence while it is being spoken aloud. ".split(" "):
             browser.evaluate("(() => { const t = document.getElementById('live-text');"
                              f" t.value += {json.dumps(word + ' ')}; t.dispatchEvent(new Event('input')); }})()")
             time.sleep(0.15)
-        _wait(browser, "window.omniSpeech.live.bytes > 0", 20)      # audio before Done
+        browser.wait_for("window.omniSpeech.live.bytes > 0", 20, LIVE_STATE)      # audio before Done
         _click(browser, "#live-done")
-        _wait(browser, "window.omniSpeech.live.phase === 'done'", 60)
+        browser.wait_for("window.omniSpeech.live.phase === 'done'", 60, LIVE_STATE)
         browser.screenshot(tmp_path / "live.png")
         live = json.loads(browser.evaluate("JSON.stringify(window.omniSpeech.live)"))
     finally:
