@@ -369,7 +369,6 @@ def test_hang_up_before_the_audio_frees_the_stream(stack):
 
 def _open_chat(browser, url: str) -> None:
     """The page, with the chat model chosen and its chat box shown."""
-
     browser.navigate(f"{url}/")
     browser.wait_for("window.omniSpeech && window.omniSpeech.ready", 15)
     browser.evaluate(f"(() => {{ const m = document.getElementById('model'); m.value = {json.dumps(MODEL)};"
@@ -392,7 +391,7 @@ def test_page_chat_box_holds_a_conversation(stack, tmp_path):
             browser.evaluate(f"document.getElementById('chat-input').value = {json.dumps(said)}")
             browser.click("#chat-send")
             browser.wait_for(f"window.omniSpeech.chat.history.length === {2 * n} || "
-                               "window.omniSpeech.chat.phase === 'error'", 60)
+                             "window.omniSpeech.chat.phase === 'error'", 60)
             state = json.loads(browser.evaluate("JSON.stringify(window.omniSpeech.chat)"))
             assert state["phase"] == "done", state["error"]
             assert state["answer"] and state["audioSeconds"] > 0.1
