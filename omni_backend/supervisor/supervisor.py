@@ -46,6 +46,7 @@ from omni_backend.supervisor.triton_control import PingFailed, Pipeline, TritonC
 log = logging.getLogger("omni.supervisor")
 PR_SET_PDEATHSIG = 1
 TICK_S = 0.25        # how often stub processes are checked for life
+EXIT_POLL_S = 0.05   # how often tritonserver's exit status is looked for
 SLOW_BEAT_S = 2.0    # a heartbeat older than this is logged (how starved the stubs are)
 # A stale heartbeat means a stuck stub only while some other stub beats this recently: under a
 # starved host every beat is late, unevenly (seen: 111 s beside a freshest of 25 s), and a
@@ -81,6 +82,16 @@ LOST_STREAMS_ABORT_S = 1.5
 
 def _what_beats(thread: stubs.BeatThread | None) -> str:
     return f"its {thread.what if thread else stub_process.EVENT_LOOP}"
+
+
+async def _exit_of(proc: asyncio.subprocess.Process) -> int:
+    """tritonserver's exit status, as soon as it is reaped. Not `proc.wait()`: that also waits
+    until every process holding its output pipe has closed it, and a process it started can
+    outlive it (a stub still starting, an engine's worker): a server that aborted while loading
+    then looked alive for ever, and was never restarted."""
+    while proc.returncode is None:
+        await asyncio.sleep(EXIT_POLL_S)
+    return proc.returncode
 
 
 def _kill_server(proc: asyncio.subprocess.Process) -> None:
@@ -218,7 +229,7 @@ class Supervisor:
         self.control = TritonControl(self.opts.grpc_url, self.opts.metrics_url)
         self.states.clear()
         was_ready = False
-        exited = asyncio.ensure_future(self.proc.wait())
+        exited = asyncio.ensure_future(_exit_of(self.proc))
         stop = asyncio.ensure_future(self.stop_requested.wait())
         start_deadline = time.monotonic() + self.opts.start_timeout_secs
         hung_start_killed = False   # it is started again once it has exited
@@ -260,7 +271,7 @@ class Supervisor:
         log.error("tritonserver %s; it is restarted (killed if still running in %.0f s)",
                   line.decode(errors="replace").rstrip("."), server_output.FATAL_EXIT_S)
         try:
-            await asyncio.wait_for(proc.wait(), server_output.FATAL_EXIT_S)
+            await asyncio.wait_for(_exit_of(proc), server_output.FATAL_EXIT_S)
         except asyncio.TimeoutError:
             log.error("tritonserver hung in its crash handler: killing it")
             _kill_server(proc)

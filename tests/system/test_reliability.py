@@ -494,10 +494,18 @@ def test_sigterm_under_load_drains_and_exits_clean(own_server, triton, tmp_path)
 
 
 def test_sigkill_of_the_server_or_its_supervisor_leaves_nothing_behind(own_server, tmp_path):
+    """tritonserver killed: the supervisor cleans up after it and starts a new one at once, also
+    while some other process holds the server's output pipe open (as a stub still starting or an
+    engine's worker can: a server that aborted while loading once looked alive for as long as
+    that lasted). Then the supervisor killed: nothing outlives it."""
     server = own_server
     first = server_pid(server)
     first_stubs = stubs.stubs_of(first)
-    os.kill(first, signal.SIGKILL)   # tritonserver dies: the supervisor cleans up and restarts it
+    with open(f"/proc/{first}/fd/1", "wb", buffering=0):   # the pipe the supervisor reads
+        os.kill(first, signal.SIGKILL)   # tritonserver dies: the supervisor cleans up and restarts it
+        killed = time.monotonic()
+        wait_until(lambda: server.server_pid not in (None, first), 30, 0.1)
+        assert time.monotonic() - killed < 10
     wait_until(lambda: not [s for s in first_stubs if stubs.alive(s)], 10)
     wait_until(lambda: ready(server) == 200, 180, 0.2)
     assert server_pid(server) != first
