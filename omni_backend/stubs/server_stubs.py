@@ -141,8 +141,8 @@ def cpu_demand(pid: int, loop_tid: int | None = None) -> CpuDemand | None:
 
 
 # System call numbers (they differ by architecture) of the waits `thread_wait` tells apart.
-_SYSCALLS = {"x86_64": {"futex": 202, "sleeps": (35, 230)},      # nanosleep, clock_nanosleep
-             "aarch64": {"futex": 98, "sleeps": (101, 115)}}.get(platform.machine())
+_SYSCALLS = {"x86_64": {"futex": 202, "sleeps": (35, 230), "wait4": 61},   # nanosleep, clock_nanosleep
+             "aarch64": {"futex": 98, "sleeps": (101, 115), "wait4": 260}}.get(platform.machine())
 _FUTEX_PRIVATE = 0x80
 _FUTEX_CMD = 0x7F
 _FUTEX_WAITS = (0, 6, 9, 11, 13)   # WAIT, LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
@@ -179,6 +179,29 @@ def thread_wait(pid: int, tid: int) -> ThreadWait | None:
     if nr in _SYSCALLS["sleeps"]:
         return ThreadWait(True, "a sleep")
     return ThreadWait(False, f"system call {nr}")
+
+
+def awaited_stubs(server_pid: int) -> list[Stub]:
+    """The live stubs that some thread of tritonserver waits in `waitpid` to see exit (2.51 does
+    so when it gave up on a stub: after killing it, or after telling it to stop); [] where the
+    threads' system calls cannot be read."""
+    if _SYSCALLS is None:
+        return []
+    try:
+        tids = os.listdir(f"/proc/{server_pid}/task")
+    except OSError:
+        return []
+    found = []
+    for tid in tids:
+        fields = _read(f"/proc/{server_pid}/task/{tid}/syscall").split()
+        if len(fields) < 2 or fields[0] != str(_SYSCALLS["wait4"]).encode():
+            continue
+        pid = int(fields[1], 16)
+        ppid, pid_state = _ppid_and_state(pid) if pid > 0 else (-1, "?")
+        stub = parse_stub(pid) if ppid == server_pid and pid_state != "Z" else None
+        if stub is not None:
+            found.append(stub)
+    return found
 
 
 def runnable_threads(pid: int, but: int | None = None) -> int:

@@ -111,6 +111,9 @@ def _die_with_parent() -> None:
 
 
 START_RETRIES = 3   # start-ups killed by a signal before the server was ever ready
+# A stub that tritonserver waits to see exit for this long while loading never will (a killed one
+# exits at once, one told to stop after its model failed to initialize within a second or two).
+AWAITED_STUB_S = 10.0
 
 
 @dataclass
@@ -215,6 +218,7 @@ class Supervisor:
         for beat in os.listdir(self.heartbeats):   # a new server: its stubs beat anew
             os.unlink(os.path.join(self.heartbeats, beat))
         self.late, self.stuck, self.told_late = {}, set(), set()
+        self.awaited_since: dict[int, float] = {}   # stub pid: since when tritonserver waits for its exit
         argv = server_binary.command(self.opts.server_args)
         env = {**server_binary.server_env(), stub_process.HEARTBEAT_ENV: self.heartbeats}
         self.server_started = time.time()
@@ -246,9 +250,14 @@ class Supervisor:
                     # leaves no process or shared memory behind
                     self._note_stubs()
                     was_ready = await self._became_ready()
-                    if not (was_ready or hung_start_killed or self.crashed) and time.monotonic() > start_deadline:
+                    if was_ready or hung_start_killed or self.crashed:
+                        continue
+                    if time.monotonic() > start_deadline:
                         hung_start_killed = True
                         await self._end_hung_start(proc, loading.pending)
+                    elif self._waits_for_a_stub_for_ever(proc):
+                        hung_start_killed = True
+                        _kill_server(proc)
                     continue
                 if not self.crashed:   # a crashed server's stubs die with it: no heal
                     self._check_stubs()
@@ -294,6 +303,22 @@ class Supervisor:
         if waiting:
             await asyncio.sleep(1.0)   # the stacks travel through the output pipe
         _kill_server(proc)
+
+    def _waits_for_a_stub_for_ever(self, proc: asyncio.subprocess.Process) -> bool:
+        """2.51 takes a stub that did not beat for a second while it initialized as dead, sends
+        it a last message and waits for it to exit; but the stub, once it runs again, finishes
+        initializing and waits for the next message: the load never ends (seen with a stub
+        paused for 4 s while it imported its model). A stub waited for `AWAITED_STUB_S` means
+        that: True, and the server is to be started again."""
+        now = time.monotonic()
+        awaited = {s.pid: s for s in stubs.awaited_stubs(proc.pid)}
+        self.awaited_since = {pid: self.awaited_since.get(pid, now) for pid in awaited}
+        stuck = [awaited[pid] for pid, since in self.awaited_since.items() if now - since >= AWAITED_STUB_S]
+        if stuck:
+            log.error("tritonserver gave up on the stub of %s while loading it (a stub not scheduled for a "
+                      "second is taken as dead) and waits for ever for it to exit: starting it again",
+                      ", ".join(f"{s.model} (stub {s.pid})" for s in stuck))
+        return bool(stuck)
 
     async def _became_ready(self) -> bool:
         if not await self.control.ready():
