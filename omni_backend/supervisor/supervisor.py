@@ -111,9 +111,10 @@ def _die_with_parent() -> None:
 
 
 START_RETRIES = 3   # start-ups killed by a signal before the server was ever ready
-# A stub that tritonserver waits to see exit for this long while loading never will (a killed one
-# exits at once, one told to stop after its model failed to initialize within a second or two).
-AWAITED_STUB_S = 10.0
+# A stub that tritonserver waits to see exit for this long never will (a killed one exits at once,
+# one told to stop after its model failed to initialize within a second or two, one unloaded
+# once its finalize is done: the old stubs of a heal get as long).
+AWAITED_STUB_S = OLD_STUB_GRACE_S
 
 
 @dataclass
@@ -219,6 +220,7 @@ class Supervisor:
             os.unlink(os.path.join(self.heartbeats, beat))
         self.late, self.stuck, self.told_late = {}, set(), set()
         self.awaited_since: dict[int, float] = {}   # stub pid: since when tritonserver waits for its exit
+        self.awaited_read_at = 0.0
         argv = server_binary.command(self.opts.server_args)
         env = {**server_binary.server_env(), stub_process.HEARTBEAT_ENV: self.heartbeats}
         self.server_started = time.time()
@@ -255,13 +257,17 @@ class Supervisor:
                     if time.monotonic() > start_deadline:
                         hung_start_killed = True
                         await self._end_hung_start(proc, loading.pending)
-                    elif self._waits_for_a_stub_for_ever(proc):
+                    elif stuck := self._stubs_waited_on_for_ever(proc):
+                        # a start is simply done again (a model that failed to load would end it)
+                        log.error("tritonserver gave up on the stub of %s while loading it and waits for ever "
+                                  "for it to exit: starting it again", ", ".join(f"{s.model} (stub {s.pid})" for s in stuck))
                         hung_start_killed = True
                         _kill_server(proc)
                     continue
                 if not self.crashed:   # a crashed server's stubs die with it: no heal
                     self._check_stubs()
                     self._probe_all()
+                    self._end_waits_on_stubs(proc)
         finally:
             stop.cancel()
             for task in list(self.tasks):
@@ -304,21 +310,29 @@ class Supervisor:
             await asyncio.sleep(1.0)   # the stacks travel through the output pipe
         _kill_server(proc)
 
-    def _waits_for_a_stub_for_ever(self, proc: asyncio.subprocess.Process) -> bool:
-        """2.51 takes a stub that did not beat for a second while it initialized as dead, sends
-        it a last message and waits for it to exit; but the stub, once it runs again, finishes
-        initializing and waits for the next message: the load never ends (seen with a stub
-        paused for 4 s while it imported its model). A stub waited for `AWAITED_STUB_S` means
-        that: True, and the server is to be started again."""
+    def _stubs_waited_on_for_ever(self, proc: asyncio.subprocess.Process) -> list[stubs.Stub]:
+        """2.51 takes a stub that did not beat for a second while its model initialized (a
+        starved host) as dead, sends it a last message and waits for it to exit; but the stub,
+        once it runs again, finishes initializing and waits for the next message: the load never
+        ends (seen with a stub paused for 4 s while it imported its model, in a start and in a
+        heal's reload). The live stubs tritonserver has waited on for `AWAITED_STUB_S` (read once
+        a second: a server has hundreds of threads)."""
         now = time.monotonic()
+        if now - self.awaited_read_at < 1.0:
+            return []
+        self.awaited_read_at = now
         awaited = {s.pid: s for s in stubs.awaited_stubs(proc.pid)}
         self.awaited_since = {pid: self.awaited_since.get(pid, now) for pid in awaited}
-        stuck = [awaited[pid] for pid, since in self.awaited_since.items() if now - since >= AWAITED_STUB_S]
+        return [awaited[pid] for pid, since in self.awaited_since.items() if now - since >= AWAITED_STUB_S]
+
+    def _end_waits_on_stubs(self, proc: asyncio.subprocess.Process) -> None:
+        """A stub tritonserver waits on for ever (`_stubs_waited_on_for_ever`) is killed: the
+        load it blocks fails, and the heal that started it loads the model again."""
+        stuck = self._stubs_waited_on_for_ever(proc)
         if stuck:
-            log.error("tritonserver gave up on the stub of %s while loading it (a stub not scheduled for a "
-                      "second is taken as dead) and waits for ever for it to exit: starting it again",
+            log.error("tritonserver has waited %.0f s for the stub of %s to exit: killing it", AWAITED_STUB_S,
                       ", ".join(f"{s.model} (stub {s.pid})" for s in stuck))
-        return bool(stuck)
+            stubs.kill(stuck)
 
     async def _became_ready(self) -> bool:
         if not await self.control.ready():

@@ -593,6 +593,29 @@ def _vllm_workers() -> set[int]:
     return out
 
 
+def pause_while_it_initializes(server: TritonProcess, model: str, paused: list[stubs.Stub],
+                               but: int | None = None, pause_s: float = 4.0) -> threading.Thread:
+    """A thread that SIGSTOPs the first stub of `model` (but pid `but`) seen while its model
+    initializes, for `pause_s`, as a starved host would not schedule it; the stub goes to `paused`."""
+    def pause() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            pid = server.server_pid
+            for stub in stubs.stubs_of(pid) if pid else []:
+                # its model's own threads (heartbeat, event loop, ...) exist: initialize() runs
+                if stub.model == model and stub.pid != but and len(os.listdir(f"/proc/{stub.pid}/task")) >= 6:
+                    os.kill(stub.pid, signal.SIGSTOP)
+                    paused.append(stub)
+                    time.sleep(pause_s)
+                    os.kill(stub.pid, signal.SIGCONT)
+                    return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=pause, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_a_stub_paused_while_its_model_initializes_does_not_hang_the_start(tmp_path):
     """A stub that is not scheduled for a second while its model initializes (a starved host) is
     taken as dead by 2.51, which then waits for it to exit; the stub, running again, finishes
@@ -600,23 +623,7 @@ def test_a_stub_paused_while_its_model_initializes_does_not_hang_the_start(tmp_p
     stub and starts it again: the server is ready within a minute or two and serves."""
     server = TritonProcess(repository(tmp_path, ["hibari"]), log_path=tmp_path / "tritonserver.log")
     paused: list[stubs.Stub] = []
-
-    def pause_the_entry_while_it_initializes() -> None:
-        deadline = time.monotonic() + 60
-        while not paused and time.monotonic() < deadline:
-            pid = server.server_pid
-            for stub in stubs.stubs_of(pid) if pid else []:
-                # its model's own threads (heartbeat, event loop, ...) exist: initialize() runs
-                if stub.model == "hibari" and len(os.listdir(f"/proc/{stub.pid}/task")) >= 6:
-                    os.kill(stub.pid, signal.SIGSTOP)
-                    paused.append(stub)
-                    time.sleep(4.0)
-                    os.kill(stub.pid, signal.SIGCONT)
-                    return
-            time.sleep(0.01)
-
-    pauser = threading.Thread(target=pause_the_entry_while_it_initializes, daemon=True)
-    pauser.start()
+    pauser = pause_while_it_initializes(server, "hibari", paused)
     server.start(timeout_s=180)
     try:
         pauser.join(10)
@@ -629,6 +636,28 @@ def test_a_stub_paused_while_its_model_initializes_does_not_hang_the_start(tmp_p
         assert done.end == "final"
     finally:
         server.stop()
+
+
+def test_a_stub_paused_while_a_heal_loads_it_does_not_hang_the_heal(own_server):
+    """The same wait in a heal: the talker is killed, and its new stub is paused while it
+    initializes. The supervisor kills the stub tritonserver waits on, and the heal loads the
+    talker again: the pipeline serves again (before, it stayed unready for good)."""
+    server = own_server
+    talker = f"{QWEN}__talker"
+    old = stage_stubs(server, talker)
+    assert len(old) == 1
+    paused: list[stubs.Stub] = []
+    pauser = pause_while_it_initializes(server, talker, paused, but=old[0].pid)
+    os.kill(old[0].pid, signal.SIGKILL)
+    pauser.join(60)
+    assert paused, "the new talker stub was never seen initializing"
+    wait_until(lambda: ready(server) == 200 and model_ready(server, QWEN), 120, 0.2)
+    log = server.log_text()
+    if "lock_exception" not in log:   # (killing a stub can abort 2.51: then the server restarted)
+        assert f"for the stub of {talker} (stub {paused[0].pid}) to exit: killing it" in log, log[-3000:]
+    after = Stream(server.grpc_url, QWEN, "Back again.").start()
+    after.wait(120)
+    assert after.end == "final" and after.chunks >= 1
 
 
 def test_a_server_whose_starter_is_killed_stops_and_cleans_up(tmp_path):
