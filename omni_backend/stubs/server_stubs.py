@@ -160,16 +160,23 @@ class ThreadWait:
     what: str
 
 
+def _syscall(pid: int, tid: int) -> tuple[int, list[int]] | None:
+    """The system call a thread sleeps in and its first four arguments
+    (/proc/<pid>/task/<tid>/syscall); None when it runs, is gone or cannot be read."""
+    fields = _read(f"/proc/{pid}/task/{tid}/syscall").split()
+    try:
+        return (int(fields[0]), [int(a, 16) for a in fields[1:5]]) if len(fields) >= 5 else None
+    except ValueError:   # "running"
+        return None
+
+
 def thread_wait(pid: int, tid: int) -> ThreadWait | None:
     """The system call a thread sleeps in (/proc/<pid>/task/<tid>/syscall); None when it runs,
     is gone, cannot be read, or on an architecture not known here."""
-    fields = _read(f"/proc/{pid}/task/{tid}/syscall").split()
-    if _SYSCALLS is None or len(fields) < 5:
+    call = _syscall(pid, tid)
+    if _SYSCALLS is None or call is None:
         return None
-    try:
-        nr, args = int(fields[0]), [int(a, 16) for a in fields[1:5]]
-    except ValueError:   # "running"
-        return None
+    nr, args = call
     if nr == _SYSCALLS["futex"] and (args[1] & _FUTEX_CMD) in _FUTEX_WAITS:
         if not args[1] & _FUTEX_PRIVATE:
             return ThreadWait(False, "a futex shared with another process")
@@ -193,10 +200,10 @@ def awaited_stubs(server_pid: int) -> list[Stub]:
         return []
     found = []
     for tid in tids:
-        fields = _read(f"/proc/{server_pid}/task/{tid}/syscall").split()
-        if len(fields) < 2 or fields[0] != str(_SYSCALLS["wait4"]).encode():
+        call = _syscall(server_pid, int(tid))
+        if call is None or call[0] != _SYSCALLS["wait4"]:
             continue
-        pid = int(fields[1], 16)
+        pid = call[1][0]
         ppid, pid_state = _ppid_and_state(pid) if pid > 0 else (-1, "?")
         stub = parse_stub(pid) if ppid == server_pid and pid_state != "Z" else None
         if stub is not None:

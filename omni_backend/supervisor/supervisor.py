@@ -267,7 +267,10 @@ class Supervisor:
                 if not self.crashed:   # a crashed server's stubs die with it: no heal
                     self._check_stubs()
                     self._probe_all()
-                    self._end_waits_on_stubs(proc)
+                    if loading.pending:   # only a load (a heal's, or one asked for) waits so
+                        self._end_waits_on_stubs(proc)
+                    else:
+                        self.awaited_since.clear()
         finally:
             stop.cancel()
             for task in list(self.tasks):
