@@ -9,7 +9,7 @@ import pytest
 from client.triton_stream import synthesize
 from omni_backend import glibc_heaps
 from omni_backend.stubs import server_stubs as stubs
-from omni_backend.supervisor import server_malloc
+from omni_backend.supervisor import server_binary, server_malloc, stub_gil_guard
 from tests.served_pipeline import running
 from tests.system.speech_api_helpers import hibari_repository
 
@@ -35,7 +35,10 @@ def test_tritonserver_on_jemalloc_serves_and_its_stubs_keep_glibc(jemalloc_serve
     assert {s.model for s in children} == {"hibari", "hibari__synthesizer"}
     for stub in children:
         assert "libjemalloc" not in _maps(stub.pid), stub.model
-        assert b"LD_PRELOAD=" not in Path(f"/proc/{stub.pid}/environ").read_bytes(), stub.model
+        # the stubs preload their GIL guard only
+        guard = server_binary.backend_directory() / "python" / stub_gil_guard.library_name()
+        preload = [e for e in Path(f"/proc/{stub.pid}/environ").read_bytes().split(b"\0") if e.startswith(b"LD_PRELOAD=")]
+        assert preload == [f"LD_PRELOAD={guard}".encode()], stub.model
     res = synthesize(jemalloc_server.grpc_url, "hibari", "Served on jemalloc. Two sentences.")
     assert len(res.chunks) == 2 and res.audio.size > 0
 
@@ -52,4 +55,5 @@ def test_the_served_stubs_start_with_their_own_tunables(triton) -> None:
     assert children
     for stub in children:
         assert trim in environ(stub.pid), stub.model
+        assert stub_gil_guard.library_name() in _maps(stub.pid), stub.model   # and their GIL guard
         assert not any(e.startswith(glibc_heaps.STUB_TUNABLES_ENV.encode()) for e in environ(stub.pid)), stub.model

@@ -1,0 +1,70 @@
+"""The stubs' GIL guard: a small library, preloaded into every Python-backend stub, that frees
+under the GIL the Python objects the 2.51 stub frees on its message thread without it
+(stub_gil_guard.c says how and why).
+
+It is compiled from its C source, once per version of that source, into the backend folder the
+project assembles (`server_binary.backend_directory`), with the C compiler of the machine (`$CC`,
+else `cc` or `gcc`). Without one the stubs run unguarded, as before, and the server says so.
+`OMNI_STUB_GIL_GUARD=0` starts the stubs without it (the launcher reads it).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+logger = logging.getLogger("omni.supervisor")
+
+SOURCE = Path(__file__).with_name("stub_gil_guard.c")
+SWITCH_ENV = "OMNI_STUB_GIL_GUARD"
+_SWITCH_VALUES = ("0", "1")
+
+
+def library_name() -> str:
+    """The library's file name: a new one for every version of the source."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    return f"libomni_stub_gil_guard-{digest}.so"
+
+
+def check_switch(env: dict[str, str]) -> None:
+    """Reject a value of `OMNI_STUB_GIL_GUARD` other than 0 or 1 (SystemExit naming it)."""
+    value = env.get(SWITCH_ENV)
+    if value is not None and value not in _SWITCH_VALUES:
+        raise SystemExit(f"{SWITCH_ENV}={value!r}: must be 0 (stubs without the GIL guard) or 1 (the default)")
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def build(folder: Path) -> Path | None:
+    """The guard library in `folder`, compiled there unless this version is there already; None
+    (with a warning) where there is no C compiler or it fails."""
+    out = folder / library_name()
+    if out.is_file():
+        return out
+    cc = _compiler()
+    if cc is None:
+        logger.warning("no C compiler (cc, gcc or $CC): the Python-backend stubs run without the GIL "
+                       "guard (%s)", SOURCE.name)
+        return None
+    # a name of its own, renamed over the final one: test workers may build the folder at once
+    tmp = folder / f".{out.name}.{uuid.uuid4().hex}"
+    try:
+        done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-pthread", "-ldl"],
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            logger.warning("%s failed to compile the stubs' GIL guard; the stubs run without it:\n%s",
+                           cc, done.stderr.strip())
+            return None
+        os.replace(tmp, out)
+        return out
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.warning("could not compile the stubs' GIL guard (%s); the stubs run without it", exc)
+        return None
+    finally:
+        tmp.unlink(missing_ok=True)
