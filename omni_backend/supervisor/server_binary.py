@@ -54,8 +54,8 @@ def binary_path() -> Path:
 
 def backend_directory() -> Path:
     """A backends folder whose python backend has the stub for this interpreter, started through
-    `stub_launcher` (the stubs' own glibc tunables and their GIL guard). The NGC container's own
-    folder is used as it is: its stubs keep tritonserver's tunables and run without the guard."""
+    `stub_launcher` (the stubs' own glibc tunables). The NGC container's own folder is used as it
+    is: its stubs keep tritonserver's tunables."""
     ngc = Path("/opt/tritonserver/backends")
     if ngc.exists() and not os.environ.get("TRITONSERVER_BIN"):
         return ngc
@@ -91,7 +91,7 @@ def server_env() -> dict[str, str]:
     # runs on jemalloc. The stubs' are kept where set: a user's own, or the first call's (the
     # supervisor's own call sees the server's tunables, not the user's, in its environment).
     env.setdefault(glibc_heaps.STUB_TUNABLES_ENV, glibc_heaps.stub_tunables(env))
-    stub_gil_guard.check_switch(env)
+    stub_gil_guard.preload(env)   # the stubs inherit it
     env["GLIBC_TUNABLES"] = glibc_heaps.tunables(env)
     if server_malloc.choice(env) == "jemalloc":
         env["MALLOC_CONF"] = server_malloc.conf(env)

@@ -2,10 +2,12 @@
 under the GIL the Python objects the 2.51 stub frees on its message thread without it
 (stub_gil_guard.c says how and why).
 
-It is compiled from its C source, once per version of that source, into the backend folder the
-project assembles (`server_binary.backend_directory`), with the C compiler of the machine (`$CC`,
-else `cc` or `gcc`). Without one the stubs run unguarded, as before, and the server says so.
-`OMNI_STUB_GIL_GUARD=0` starts the stubs without it (the launcher reads it).
+It is compiled from its C source, once per version of that source, into this environment's
+`share/omni-triton`, with the C compiler of the machine (`$CC`, else `cc` or `gcc`), and put first
+in tritonserver's `LD_PRELOAD` (`server_binary.server_env`): every stub inherits it, whichever
+backend folder it comes from (the NGC container's too). tritonserver itself never calls into
+Python, so there it does nothing. Without a compiler the stubs run unguarded, as before, and the
+server says so. `OMNI_STUB_GIL_GUARD=0` starts them without it.
 """
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 logger = logging.getLogger("omni.supervisor")
 
 SOURCE = Path(__file__).with_name("stub_gil_guard.c")
+FOLDER = Path(sys.prefix) / "share" / "omni-triton"
 SWITCH_ENV = "OMNI_STUB_GIL_GUARD"
 _SWITCH_VALUES = ("0", "1")
 
@@ -47,6 +51,7 @@ def build(folder: Path) -> Path | None:
     out = folder / library_name()
     if out.is_file():
         return out
+    folder.mkdir(parents=True, exist_ok=True)
     cc = _compiler()
     if cc is None:
         logger.warning("no C compiler (cc, gcc or $CC): the Python-backend stubs run without the GIL "
@@ -68,3 +73,17 @@ def build(folder: Path) -> Path | None:
         return None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def preload(env: dict[str, str]) -> None:
+    """Put the guard first in `env`'s LD_PRELOAD (compiled first where needed), unless
+    `OMNI_STUB_GIL_GUARD=0` or it is there already; a value other than 0 or 1 is refused."""
+    check_switch(env)
+    if env.get(SWITCH_ENV) == "0":
+        return
+    library = build(FOLDER)
+    if library is None:
+        return
+    given = [item for item in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if item]
+    if str(library) not in given:
+        env["LD_PRELOAD"] = ":".join([str(library), *given])

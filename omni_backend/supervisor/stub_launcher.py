@@ -8,8 +8,6 @@ the stub's name, sets `GLIBC_TUNABLES` from `$OMNI_STUB_GLIBC_TUNABLES` (`server
 puts `glibc_heaps.stub_tunables` there) and executes the real stub in its place: same pid, same
 parent, and `argv[0]` still the stub's name, so the supervisor and the orphan guard see a stub as
 before. Without that variable (a server started some other way) the stub keeps tritonserver's.
-The launcher also preloads the stubs' GIL guard (`stub_gil_guard`), which the folder holds once
-it could be compiled, unless `OMNI_STUB_GIL_GUARD=0`.
 """
 from __future__ import annotations
 
@@ -20,26 +18,14 @@ from pathlib import Path
 
 from omni_backend.glibc_heaps import STUB_TUNABLES_ENV
 from omni_backend.stubs.server_stubs import STUB_NAME
-from omni_backend.supervisor import stub_gil_guard
 
 REAL_STUB_NAME = STUB_NAME + ".bin"
-
-
-def launcher() -> str:
-    """The launcher script. `exec -a "$0"` keeps the name tritonserver started it by as argv[0]
-    (supervisor: `Stub`); the guard is preloaded where the folder has it."""
-    guard = stub_gil_guard.library_name()
-    switch = stub_gil_guard.SWITCH_ENV
-    return f"""#!/bin/bash
+# `exec -a "$0"` keeps the name tritonserver started it by as argv[0] (supervisor: `Stub`).
+LAUNCHER = f"""#!/bin/bash
 # omni-triton stub launcher (omni_backend/supervisor/stub_launcher.py): the stubs' own glibc tunables
-# and their GIL guard (omni_backend/supervisor/stub_gil_guard.c)
 if [ -n "${{{STUB_TUNABLES_ENV}+set}}" ]; then
   export GLIBC_TUNABLES="${{{STUB_TUNABLES_ENV}}}"
   unset {STUB_TUNABLES_ENV}
-fi
-guard="$(dirname "$0")/{guard}"
-if [ "${{{switch}:-1}}" != 0 ] && [ -f "$guard" ]; then
-  export LD_PRELOAD="$guard${{LD_PRELOAD:+:$LD_PRELOAD}}"
 fi
 exec -a "$0" "$(dirname "$0")/{REAL_STUB_NAME}" "$@"
 """
@@ -63,23 +49,20 @@ def copy_atomically(src: Path, dst: Path) -> None:
 
 
 def installed(python_dir: Path) -> bool:
-    """Whether `python_dir` has the real stub, this launcher under the stub's name and this version
-    of the GIL guard (a folder where it could not be compiled is built again at the next start)."""
+    """Whether `python_dir` has the real stub and this launcher under the stub's name."""
+    launcher = python_dir / STUB_NAME
     try:
-        return ((python_dir / REAL_STUB_NAME).is_file() and (python_dir / STUB_NAME).read_text() == launcher()
-                and (python_dir / stub_gil_guard.library_name()).is_file())
+        return (python_dir / REAL_STUB_NAME).is_file() and launcher.read_text() == LAUNCHER
     except (OSError, UnicodeDecodeError):   # the binary stub of an older folder
         return False
 
 
 def install(python_dir: Path, real_stub: Path) -> None:
-    """Put `real_stub` in `python_dir` as `REAL_STUB_NAME`, the GIL guard beside it, and the
-    launcher as `STUB_NAME`."""
+    """Put `real_stub` in `python_dir` as `REAL_STUB_NAME` and the launcher as `STUB_NAME`."""
     python_dir.mkdir(parents=True, exist_ok=True)
     copy_atomically(real_stub, python_dir / REAL_STUB_NAME)
-    stub_gil_guard.build(python_dir)
 
     def write_launcher(tmp: Path) -> None:
-        tmp.write_text(launcher())
+        tmp.write_text(LAUNCHER)
         tmp.chmod(0o755)
     _write_atomically(python_dir / STUB_NAME, write_launcher)

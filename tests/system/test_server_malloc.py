@@ -9,7 +9,7 @@ import pytest
 from client.triton_stream import synthesize
 from omni_backend import glibc_heaps
 from omni_backend.stubs import server_stubs as stubs
-from omni_backend.supervisor import server_binary, server_malloc, stub_gil_guard
+from omni_backend.supervisor import server_malloc, stub_gil_guard
 from tests.served_pipeline import running
 from tests.system.speech_api_helpers import hibari_repository
 
@@ -36,7 +36,7 @@ def test_tritonserver_on_jemalloc_serves_and_its_stubs_keep_glibc(jemalloc_serve
     for stub in children:
         assert "libjemalloc" not in _maps(stub.pid), stub.model
         # the stubs preload their GIL guard only
-        guard = server_binary.backend_directory() / "python" / stub_gil_guard.library_name()
+        guard = stub_gil_guard.FOLDER / stub_gil_guard.library_name()
         preload = [e for e in Path(f"/proc/{stub.pid}/environ").read_bytes().split(b"\0") if e.startswith(b"LD_PRELOAD=")]
         assert preload == [f"LD_PRELOAD={guard}".encode()], stub.model
     res = synthesize(jemalloc_server.grpc_url, "hibari", "Served on jemalloc. Two sentences.")

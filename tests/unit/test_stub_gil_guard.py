@@ -1,11 +1,10 @@
 """The stubs' GIL guard on its own: an object whose last reference a thread without the GIL drops
 is freed by the guard's thread, under the GIL; one dropped with the GIL is freed at once, where it
-was dropped. Plus how the library is built, preloaded and switched off."""
+was dropped. Plus how the library is built, put in tritonserver's LD_PRELOAD and switched off."""
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_backend.supervisor import stub_gil_guard, stub_launcher
+from omni_backend.supervisor import server_binary, stub_gil_guard
 
 # Runs in a python with the guard preloaded. `_Py_Dealloc` called through ctypes.CDLL runs
 # without the GIL (CDLL releases it), through ctypes.PyDLL with it: as the stub's message thread
@@ -82,13 +81,13 @@ def test_a_built_version_is_kept_and_a_new_source_gets_a_new_name(guard, monkeyp
 
 def test_without_a_compiler_the_stubs_run_unguarded_and_it_is_said(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(stub_gil_guard, "FOLDER", tmp_path / "share")
+    env = {"LD_PRELOAD": "libother.so"}
     with caplog.at_level(logging.WARNING, logger="omni.supervisor"):
-        assert stub_gil_guard.build(tmp_path) is None
+        stub_gil_guard.preload(env)
     assert "GIL guard" in caplog.text
-    assert not any(tmp_path.iterdir())
-    # the folder is not taken as installed, so the next start tries again
-    stub_launcher.install(tmp_path, Path(shutil.which("sleep")))
-    assert not stub_launcher.installed(tmp_path)
+    assert env == {"LD_PRELOAD": "libother.so"}
+    assert not any((tmp_path / "share").iterdir())
 
 
 def test_a_compile_error_is_reported_with_the_compilers_words(tmp_path, monkeypatch, caplog) -> None:
@@ -100,24 +99,20 @@ def test_a_compile_error_is_reported_with_the_compilers_words(tmp_path, monkeypa
     assert "failed to compile" in caplog.text and "error" in caplog.text
 
 
-def _preloaded(python_dir: Path, env: dict[str, str]) -> str:
-    """LD_PRELOAD of a stand-in stub started as tritonserver starts a stub."""
-    stub = python_dir / stub_launcher.STUB_NAME
-    done = subprocess.run(["bash", "-c", f"exec {stub}"], env=env, capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    return next((line.split("=", 1)[1] for line in done.stdout.splitlines() if line.startswith("LD_PRELOAD=")), "")
-
-
-def test_the_launcher_preloads_the_guard_before_a_preload_of_the_servers_unless_switched_off(tmp_path) -> None:
-    # the stand-in stub prints its environment
-    stub_launcher.install(tmp_path, Path(shutil.which("env")))
-    assert stub_launcher.installed(tmp_path)
-    guard = str(tmp_path / stub_gil_guard.library_name())
-    base = {"PATH": "/usr/bin:/bin"}
-    assert _preloaded(tmp_path, base) == guard
-    assert _preloaded(tmp_path, {**base, "LD_PRELOAD": "libother.so"}) == f"{guard}:libother.so"
-    assert _preloaded(tmp_path, {**base, stub_gil_guard.SWITCH_ENV: "1"}) == guard
-    assert _preloaded(tmp_path, {**base, stub_gil_guard.SWITCH_ENV: "0"}) == ""
+def test_the_server_preloads_the_guard_first_once_unless_switched_off(guard, monkeypatch) -> None:
+    monkeypatch.setattr(stub_gil_guard, "FOLDER", guard.parent)
+    for name in ("LD_PRELOAD", stub_gil_guard.SWITCH_ENV):
+        monkeypatch.delenv(name, raising=False)
+    assert server_binary.server_env()["LD_PRELOAD"] == str(guard)
+    monkeypatch.setenv("LD_PRELOAD", "libother.so")
+    env = server_binary.server_env()
+    assert env["LD_PRELOAD"] == f"{guard}:libother.so"
+    # the supervisor makes the environment again inside the first one's
+    monkeypatch.setenv("LD_PRELOAD", env["LD_PRELOAD"])
+    assert server_binary.server_env()["LD_PRELOAD"] == f"{guard}:libother.so"
+    monkeypatch.setenv(stub_gil_guard.SWITCH_ENV, "0")
+    monkeypatch.setenv("LD_PRELOAD", "libother.so")
+    assert server_binary.server_env()["LD_PRELOAD"] == "libother.so"
 
 
 def test_only_0_and_1_switch_the_guard() -> None:
