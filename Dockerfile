@@ -13,8 +13,9 @@ FROM nvcr.io/nvidia/tritonserver:24.10-py3
 
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
 # the Makefile's run-time Debian packages: jemalloc for OMNI_TRITON_ALLOCATOR=jemalloc
-# (omni_backend/supervisor/server_malloc.py), libb64 for perf_analyzer
-RUN apt-get update && apt-get install -y --no-install-recommends libb64-0d libjemalloc2 && rm -rf /var/lib/apt/lists/*
+# (omni_backend/supervisor/server_malloc.py), libb64 for perf_analyzer, gcc for the stubs' GIL
+# guard (omni_backend/supervisor/stub_gil_guard.c)
+RUN apt-get update && apt-get install -y --no-install-recommends libb64-0d libjemalloc2 gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/omni
 # The container's Python is 3.10 and has /opt/tritonserver; torch comes as its CUDA build.
 # nvidia-pytriton is not needed here: server_binary.py finds /opt/tritonserver first.

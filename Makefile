@@ -27,9 +27,10 @@ XDIST := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgr
 setup: debs venv vllm
 
 # Run time (the GPU Dockerfile installs these too): libb64 for perf_analyzer, jemalloc for
-# OMNI_TRITON_ALLOCATOR=jemalloc. Tests: sox for the reference Qwen3-TTS oracle (it warns
-# without it); chromium and curl for the web page and HTTP tests.
-RUNTIME_DEBS := libb64-0d libjemalloc2
+# OMNI_TRITON_ALLOCATOR=jemalloc, a C compiler for the stubs' GIL guard
+# (omni_backend/supervisor/stub_gil_guard.c). Tests: sox for the reference Qwen3-TTS oracle (it
+# warns without it); chromium and curl for the web page and HTTP tests.
+RUNTIME_DEBS := libb64-0d libjemalloc2 gcc libc6-dev
 DEBS := $(RUNTIME_DEBS) sox chromium curl
 debs:
 	@if ! dpkg -s $(DEBS) >/dev/null 2>&1; then \
