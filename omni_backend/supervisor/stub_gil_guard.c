@@ -74,6 +74,23 @@ static void *free_pending(void *unused)
   return NULL;
 }
 
+/* A forked child (a stub's worker process) has no freeing thread: it starts its own when it needs
+ * one, and the list and lock are its own from the fork on (no thread of the parent can hold the
+ * lock across the fork). */
+static void before_fork(void) { pthread_mutex_lock(&mu); }
+static void after_fork_in_parent(void) { pthread_mutex_unlock(&mu); }
+static void after_fork_in_child(void)
+{
+  freer_started = 0;
+  pthread_cond_init(&wake, NULL);
+  pthread_mutex_unlock(&mu);
+}
+
+__attribute__((constructor)) static void watch_forks(void)
+{
+  pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
+}
+
 /* Keeps `op` (one reference of ours) for the freeing thread; 0 where that cannot be done. */
 static int defer(object *op)
 {

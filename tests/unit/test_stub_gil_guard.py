@@ -20,7 +20,7 @@ from omni_backend.supervisor import server_binary, stub_gil_guard
 # and the stub's Python threads call it. The object's count is set to 0 first, as a Py_DECREF
 # that dropped the last reference leaves it.
 PROBE = textwrap.dedent('''
-    import ctypes, sys, threading, time, weakref
+    import ctypes, os, sys, threading, time, weakref
     lib = sys.argv[1]
     without_gil, with_gil = ctypes.CDLL(lib), ctypes.PyDLL(lib)
     for f in (without_gil.omni_gil_guard_deferred, without_gil.omni_gil_guard_freed):
@@ -52,6 +52,16 @@ PROBE = textwrap.dedent('''
     freed_by, ref = drop_last_reference(with_gil)
     assert freed_by == [(here, 1)] and ref() is None, freed_by
     assert without_gil.omni_gil_guard_deferred() == 1
+
+    # a forked child (whose parent's freeing thread is not copied) frees them too
+    pid = os.fork()
+    if pid == 0:
+        freed_by, ref = drop_last_reference(without_gil)
+        deadline = time.monotonic() + 10
+        while not freed_by and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os._exit(0 if freed_by and freed_by[0][1] == 1 and without_gil.omni_gil_guard_freed() == 2 else 1)
+    assert os.waitpid(pid, 0)[1] == 0, "the child never freed it"
     print("ok")
 ''')
 
