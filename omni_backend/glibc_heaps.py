@@ -23,8 +23,8 @@ _M_ARENA_MAX = -8
 # No per-thread cache of freed small chunks in tritonserver: it runs 96 Python-backend threads per
 # model instance, and each one that ever ran a task kept its own cached chunks, pinning heap pages
 # (perf/JOURNAL.md: +12.7 % over a 30-minute soak with it, see there for the figure without).
-# glibc offers no mallopt for it, so it is a start-up tunable only. The stubs go without it by
-# default too (`stub_tunables`: where a user may turn it on for them alone).
+# glibc offers no mallopt for it, so it is a start-up tunable only. The stubs keep it
+# (`stub_tunables`).
 THREAD_CACHE_CHUNKS = 0
 STUB_TUNABLES_ENV = "OMNI_STUB_GLIBC_TUNABLES"
 NUMPY_HUGEPAGE_ENV = "NUMPY_MADVISE_HUGEPAGE"
@@ -152,8 +152,8 @@ def release_free_memory_in_background(seconds: float = TRIM_INTERVAL_S) -> None:
     threading.Thread(target=run, name="release-free-memory", daemon=True).start()
 
 
-_SERVER_SETTINGS = [("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES),
-                    ("tcache_count", THREAD_CACHE_CHUNKS)]
+_STUB_SETTINGS = [("arena_max", MALLOC_HEAPS), ("mmap_threshold", LARGE_BUFFER_BYTES)]
+_SERVER_SETTINGS = [*_STUB_SETTINGS, ("tcache_count", THREAD_CACHE_CHUNKS)]
 
 
 def _with_ours(env: dict[str, str], settings: list[tuple[str, int]]) -> str:
@@ -183,14 +183,12 @@ def tunables(env: dict[str, str]) -> str:
 def stub_tunables(env: dict[str, str]) -> str:
     """`GLIBC_TUNABLES` for the stubs (their launcher sets them: `OMNI_STUB_GLIBC_TUNABLES`, where a
     value of the user's own wins whole), the same bounds as `bound_malloc_retention` from their
-    first allocation: two heaps, the fixed mmap threshold, up to 4 MiB kept free at a heap's top
-    (its docstring says why; the stubs give it back every 20 s), and no per-thread chunk cache;
-    settings already in `env` win.
-    The cache would make a model step faster (it makes and frees thousands of small buffers): the
-    small random Qwen3-TTS's frame step in-process took 45.2-46.9 ms without it and 42.1-43.6 ms
-    with it, and served first audio came 5.5-5.8 ms sooner per round. But in the second of two
-    30-minute soaks with it on in the stubs, the hibari entry's stub aborted on a corrupted heap
-    (`malloc_consolidate(): unaligned fastbin chunk detected`), never seen in the stubs without
-    it (perf/JOURNAL.md). A server that stays up comes first: it stays off unless the user's own
-    `OMNI_STUB_GLIBC_TUNABLES` leaves `tcache_count` out."""
-    return _with_ours(env, [*_SERVER_SETTINGS, ("trim_threshold", LARGE_BUFFER_BYTES)])
+    first allocation: two heaps, the fixed mmap threshold and up to 4 MiB kept free at a heap's
+    top (its docstring says why; the stubs give it back every 20 s); settings already in `env` win.
+    Unlike tritonserver they keep glibc's per-thread chunk cache: a model step makes and frees
+    thousands of small buffers, and the small random Qwen3-TTS's frame step in-process took
+    45.2-46.9 ms without it and 42.1-43.6 ms with it; served first audio came 5.5-5.8 ms sooner per
+    round. It was off for a while after a stub aborted on a corrupted heap in a soak with it; the
+    stubs were freeing Python objects without the GIL then, which the GIL guard
+    (supervisor/stub_gil_guard.c) ends (perf/JOURNAL.md)."""
+    return _with_ours(env, [*_STUB_SETTINGS, ("trim_threshold", LARGE_BUFFER_BYTES)])

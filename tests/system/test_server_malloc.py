@@ -44,9 +44,9 @@ def test_tritonserver_on_jemalloc_serves_and_its_stubs_keep_glibc(jemalloc_serve
 
 
 def test_the_served_stubs_start_with_their_own_tunables(triton) -> None:
-    """The stubs start through `stub_launcher` with their own tunables, a 4 MiB trim threshold that
-    tritonserver does not have (glibc reads them at start; the loader cuts the variable in a
-    process's initial environment at each ':' it parsed)."""
+    """The stubs start through `stub_launcher` with their own tunables, a 4 MiB trim threshold and
+    glibc's per-thread cache that tritonserver does not have (glibc reads them at start; the
+    loader cuts the variable in a process's initial environment at each ':' it parsed)."""
     trim = f"glibc.malloc.trim_threshold={glibc_heaps.LARGE_BUFFER_BYTES}".encode()
     environ = lambda pid: Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert b"glibc.malloc.tcache_count=0" in environ(triton.server_pid)
@@ -55,5 +55,6 @@ def test_the_served_stubs_start_with_their_own_tunables(triton) -> None:
     assert children
     for stub in children:
         assert trim in environ(stub.pid), stub.model
+        assert not any(e.startswith(b"glibc.malloc.tcache_count") for e in environ(stub.pid)), stub.model
         assert stub_gil_guard.library_name() in _maps(stub.pid), stub.model   # and their GIL guard
         assert not any(e.startswith(glibc_heaps.STUB_TUNABLES_ENV.encode()) for e in environ(stub.pid)), stub.model

@@ -74,7 +74,8 @@ def test_the_stubs_keep_freed_memory_at_their_heaps_top_and_the_server_does_not(
     stubs = env[glibc_heaps.STUB_TUNABLES_ENV].split(":")
     trim = f"glibc.malloc.trim_threshold={glibc_heaps.LARGE_BUFFER_BYTES}"
     assert trim in stubs and trim not in server
-    assert set(server) < set(stubs)   # the other bounds are the same
+    assert set(stubs) - set(server) == {trim}   # the other bounds are the same
+    assert set(server) - set(stubs) == {f"glibc.malloc.tcache_count={glibc_heaps.THREAD_CACHE_CHUNKS}"}
     # the supervisor computes the environment again inside an environment made by it: the
     # stubs' tunables still come from the user's, not from the server's
     monkeypatch.setenv("GLIBC_TUNABLES", env["GLIBC_TUNABLES"])
@@ -83,8 +84,8 @@ def test_the_stubs_keep_freed_memory_at_their_heaps_top_and_the_server_does_not(
 
 
 def test_a_users_own_stub_tunables_win_whole(monkeypatch) -> None:
-    # e.g. glibc's per-thread cache for the stubs alone (off by default, glibc_heaps.stub_tunables)
-    mine = "glibc.malloc.arena_max=2:glibc.malloc.trim_threshold=4194304"
+    # e.g. without glibc's per-thread cache in the stubs (on by default, glibc_heaps.stub_tunables)
+    mine = "glibc.malloc.arena_max=2:glibc.malloc.trim_threshold=4194304:glibc.malloc.tcache_count=0"
     monkeypatch.setenv(glibc_heaps.STUB_TUNABLES_ENV, mine)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     env = server_binary.server_env()
