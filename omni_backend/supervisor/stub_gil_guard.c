@@ -1,6 +1,6 @@
 /* Preloaded into every Python-backend stub (stub_gil_guard.py builds it and puts it in
- * tritonserver's LD_PRELOAD, which the stubs inherit): Python objects that the stub frees on a thread without the GIL are freed later,
- * by a thread of ours that holds it.
+ * tritonserver's LD_PRELOAD, which the stubs inherit): Python objects that the stub frees on a
+ * thread without the GIL are freed later, by a thread of ours that holds it.
  *
  * Why: the 2.51 stub's message thread ends a finished BLS stream (`SendCleanupId`) by erasing its
  * response iterator from a map. When Python has already dropped the stream's responses, that
