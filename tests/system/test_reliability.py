@@ -30,6 +30,7 @@ from omni_backend.errors import error_code
 from omni_backend.stubs import server_stubs as stubs
 from omni_backend.testing import long_streams
 from tests.metrics_scrape import metric
+from tests.served_pipeline import regions_left_behind, shm_regions
 
 pytestmark = pytest.mark.system
 
@@ -555,7 +556,7 @@ def test_sigterm_while_models_load_leaves_nothing_behind(tmp_path):
 
     repo = repository(tmp_path, ["hibari", "orpheus_tiny_random"])
     server = TritonProcess(repo, log_path=tmp_path / "tritonserver.log")
-    before = {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")}
+    before = shm_regions()
     workers_before = _vllm_workers()
     log = open(tmp_path / "supervisor.log", "w")
     proc = subprocess.Popen(server.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -576,9 +577,8 @@ def test_sigterm_while_models_load_leaves_nothing_behind(tmp_path):
         log.close()
     assert proc.returncode == 0
     wait_until(lambda: not any(stubs.alive(s) for s in server_stubs), 5)
-    # a region another server on the host made meanwhile is mapped by it: only unmapped ones are left behind
-    left = {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")} - before - stubs.mapped_regions()
-    assert not left, f"shared memory left behind: {sorted(left)}"
+    left = regions_left_behind(before)
+    assert not left, f"shared memory left behind: {left}"
     wait_until(lambda: not _vllm_workers() - workers_before, 5)
 
 

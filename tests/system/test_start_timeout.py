@@ -12,6 +12,7 @@ import pytest
 
 from client.triton_process import TritonProcess
 from omni_backend.stubs import server_stubs as stubs
+from tests.served_pipeline import regions_left_behind, shm_regions
 
 pytestmark = pytest.mark.system
 
@@ -56,7 +57,7 @@ def test_a_start_up_that_hangs_is_killed_logged_and_started_again(tmp_path):
     (model / "1").mkdir(parents=True)
     (model / "1" / "model.py").write_text(MODEL)
     (model / "config.pbtxt").write_text(CONFIG)
-    before = {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")}
+    before = shm_regions()
     server = TritonProcess(model.parent, log_path=tmp_path / "tritonserver.log",
                            extra_args=[f"--supervisor-start-timeout-secs={START_TIMEOUT_S}"])
     t0 = time.monotonic()
@@ -76,6 +77,5 @@ def test_a_start_up_that_hangs_is_killed_logged_and_started_again(tmp_path):
         assert [s.model for s in stubs.stubs_of(server.server_pid)] == ["hangs_once"]
     finally:
         server.stop()
-    # a region another server on the host made meanwhile is mapped by it: only unmapped ones count
-    left = {p.name for p in stubs.SHM_DIR.glob(f"{stubs.SHM_PREFIX}*")} - before - stubs.mapped_regions()
-    assert not left, f"shared memory left behind: {sorted(left)}"
+    left = regions_left_behind(before)
+    assert not left, f"shared memory left behind: {left}"
