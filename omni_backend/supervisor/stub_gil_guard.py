@@ -17,8 +17,9 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
+
+from omni_backend.supervisor import stub_launcher
 
 logger = logging.getLogger("omni.supervisor")
 
@@ -41,6 +42,10 @@ def check_switch(env: dict[str, str]) -> None:
         raise SystemExit(f"{SWITCH_ENV}={value!r}: must be 0 (stubs without the GIL guard) or 1 (the default)")
 
 
+class _CompileError(Exception):
+    pass
+
+
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
@@ -57,22 +62,22 @@ def build(folder: Path) -> Path | None:
         logger.warning("no C compiler (cc, gcc or $CC): the Python-backend stubs run without the GIL "
                        "guard (%s)", SOURCE.name)
         return None
-    # a name of its own, renamed over the final one: test workers may build the folder at once
-    tmp = folder / f".{out.name}.{uuid.uuid4().hex}"
-    try:
+
+    def compile_into(tmp: Path) -> None:
         done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-pthread", "-ldl"],
                               capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
-            logger.warning("%s failed to compile the stubs' GIL guard; the stubs run without it:\n%s",
-                           cc, done.stderr.strip())
-            return None
-        os.replace(tmp, out)
-        return out
+            raise _CompileError(done.stderr.strip())
+    try:
+        # renamed over the final name: test workers may build the folder at once
+        stub_launcher.write_atomically(out, compile_into)
+    except _CompileError as exc:
+        logger.warning("%s failed to compile the stubs' GIL guard; the stubs run without it:\n%s", cc, exc)
+        return None
     except (OSError, subprocess.TimeoutExpired) as exc:
         logger.warning("could not compile the stubs' GIL guard (%s); the stubs run without it", exc)
         return None
-    finally:
-        tmp.unlink(missing_ok=True)
+    return out
 
 
 def preload(env: dict[str, str]) -> None:

@@ -31,7 +31,9 @@ exec -a "$0" "$(dirname "$0")/{REAL_STUB_NAME}" "$@"
 """
 
 
-def _write_atomically(path: Path, write) -> None:
+def write_atomically(path: Path, write) -> None:
+    """Make `path` by `write(tmp)` into a file of its own, then rename it over `path`; the temporary
+    file is gone either way."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
     try:
         write(tmp)
@@ -45,7 +47,7 @@ def copy_atomically(src: Path, dst: Path) -> None:
     may assemble the backend folder at the same time, or while another server runs from it: a
     reader sees the old file or the new one, never half of one, and a loaded library keeps its
     own pages."""
-    _write_atomically(dst, lambda tmp: shutil.copy2(src, tmp))
+    write_atomically(dst, lambda tmp: shutil.copy2(src, tmp))
 
 
 def installed(python_dir: Path) -> bool:
@@ -65,4 +67,4 @@ def install(python_dir: Path, real_stub: Path) -> None:
     def write_launcher(tmp: Path) -> None:
         tmp.write_text(LAUNCHER)
         tmp.chmod(0o755)
-    _write_atomically(python_dir / STUB_NAME, write_launcher)
+    write_atomically(python_dir / STUB_NAME, write_launcher)
