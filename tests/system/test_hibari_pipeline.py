@@ -111,6 +111,19 @@ def test_text_over_the_limit_is_rejected_through_the_client(triton):
     assert e.value.code == "invalid_request"
 
 
+@pytest.mark.parametrize("text", [
+    "123 " * 1024,            # no punctuation: one 17-minute chunk needing 17 GB before
+    "hello-" * 682,           # cubic G2P: 9 minutes before the first audio
+    "1234567890" * 409,       # past the wheel's number words: IndexError, a 500
+], ids=["numbers", "hyphen-run", "huge-number"])
+def test_any_input_under_the_limit_streams_in_bounded_chunks(triton, text):
+    res = synthesize(triton.grpc_url, "hibari", text[:4096])
+    assert res.ttfa_s < 10, res.ttfa_s
+    assert len(res.chunks) > 3
+    # a chunk is at most 400 phonemes: under a minute of audio even at the slowest speed
+    assert max(len(c) for c in res.chunks) / res.sample_rate < 60
+
+
 def test_concurrent_streams_equal_their_solo_output(triton):
     texts = [f"Stream number {i} says hello. It has {i + 2} apples." for i in range(8)]
     solo = [synthesize(triton.grpc_url, "hibari", t, {"seed": i}).audio for i, t in enumerate(texts)]

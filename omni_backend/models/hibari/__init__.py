@@ -22,6 +22,8 @@ import numpy as np
 
 from omni_backend.glibc_heaps import release_free_memory
 
+from .text_chunks import phoneme_chunks
+
 SAMPLE_RATE = 24000
 
 
@@ -39,7 +41,7 @@ def _uncache_overlap_add_norm() -> None:
 
 
 class HibariVoice:
-    """Loads the bundled voice once; `stream()` yields one float32 array per sentence.
+    """Loads the bundled voice once; `stream()` yields one float32 array per sentence (or part of a long one).
 
     Audio for a given (text, speed, seed) is identical whether streamed or synthesized at once:
     one noise generator runs across the sentences of a request.
@@ -70,13 +72,13 @@ class HibariVoice:
         self.tts("Warm up.", seed=0)  # loads the G2P and the ONNX session's kernels
 
     def stream(self, text: str, voice: str = "heart", speed: float = 1.0, seed: int = 0) -> Iterator[np.ndarray]:
-        sentences = self.tts.stream(text, speed=speed, seed=seed)
-        try:
-            for audio in sentences:
-                release_free_memory()   # the sentence's buffers are free now: return them, not keep them
-                yield audio
-        finally:
-            sentences.close()
+        """One float32 array per chunk (a sentence, or a part of a long one: `text_chunks`); the
+        wheel's `stream` would phonemize the whole text first and leave long chunks unbounded."""
+        rng = np.random.default_rng(seed)
+        for phonemes in phoneme_chunks(self.tts, text):
+            audio = self.tts.from_ids(self.tts.ids(phonemes), speed, rng)
+            release_free_memory()   # the chunk's buffers are free now: return them, not keep them
+            yield audio
 
     def synthesize(self, text: str, speed: float = 1.0, seed: int = 0) -> np.ndarray:
         parts = list(self.stream(text, speed=speed, seed=seed))

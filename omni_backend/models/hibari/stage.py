@@ -1,4 +1,5 @@
-"""Stage model for the embedded hibari voice: one AUDIO chunk per sentence."""
+"""Stage model for the embedded hibari voice: one AUDIO chunk per sentence (a long one in
+parts: `text_chunks`)."""
 from __future__ import annotations
 
 import asyncio
