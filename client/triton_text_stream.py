@@ -4,7 +4,8 @@ The pipeline reads text as it arrives (its adapter has `streaming_input`, e.g. Q
 stream opens with the first piece; each later piece is a `CONTROL=append` request naming the
 stream's request id (omni_backend/triton/text_input.py), sent on a call of its own once the
 previous one was answered, so pieces arrive in order. Pieces given while one is on its way are
-joined and go in the next request. `end()` says the text is complete.
+joined and go in the next request (in slices of at most the entry's 4,096 characters a piece).
+`end()` says the text is complete.
 
     stream = TextInputStream(client, "qwen3_tts", params, request_id)
     stream.start("Hello, ")                  # the audio arrives on stream.chunks()
@@ -24,6 +25,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 
 from client.triton_stream import TritonStreamError, acontrol, astream
+from omni_backend.adapters.base import MAX_TEXT_CHARS
 
 STREAMING_INPUT = "streaming_input"
 
@@ -73,7 +75,10 @@ class TextInputStream:
             if self._sent_end or (not self._pending and not end):
                 return   # an earlier call sent this piece along with its own
             piece, self._pending = "".join(self._pending), []
-            await self._send(piece, self.ended)
+            # joined pieces may pass the entry's limit on one piece: send them in slices under it
+            slices = [piece[i:i + MAX_TEXT_CHARS] for i in range(0, len(piece), MAX_TEXT_CHARS)] or [""]
+            for i, part in enumerate(slices):
+                await self._send(part, self.ended and i == len(slices) - 1)
 
     async def _send(self, piece: str, end: bool) -> None:
         self._appends += 1

@@ -50,6 +50,7 @@ from client.speech_api.encoders import make_encoder
 from client.speech_api.encoders.base import pcm16
 from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
 from client.speech_api.field_checks import clean_string
+from client.speech_api.request import MAX_INPUT_CHARS
 from client.speech_api.resample import Resampler
 from client.speech_api.pool import TritonEndpoint
 from client.speech_api.speed import TimeStretch
@@ -189,31 +190,41 @@ class Utterance:
             first += piece
         if not first.strip():
             return   # an utterance without words: nothing to speak
+        # one request's text is at most MAX_INPUT_CHARS; the rest of a longer first piece is appended
+        first, rest = first[:MAX_INPUT_CHARS], first[MAX_INPUT_CHARS:]
         request = self.config.request
         self.sentences = 1
         await self._start_message(0, first)
         admitted = self.session.admit(request)
         spoken = SpokenUnit()
-        feeder = None
+        feeder = sender = None
         try:
             stream = await admitted.open_text(first, request.params, prefer=self.session.home)
             self.session.home = stream.endpoint
-            feeder = asyncio.ensure_future(self._feed(stream))
-            await self._send_audio(0, admitted, spoken)
+            feeder = asyncio.ensure_future(self._feed(stream, rest))
+            sender = asyncio.ensure_future(self._send_audio(0, admitted, spoken))
+            # a piece Triton refused ends the utterance now, not when the talker gives up waiting
+            await asyncio.wait({feeder, sender}, return_when=asyncio.FIRST_EXCEPTION)
+            if feeder.done() and feeder.exception() is not None:
+                await feeder
+            await sender
             await feeder
         except (ApiError, TritonStreamError) as e:
             spoken.failed(e if isinstance(e, ApiError) else from_triton(str(e)), admitted.access)
             await self.session.send_error(spoken.error)
         finally:
-            if feeder is not None and not feeder.done():
-                feeder.cancel()
-                await asyncio.gather(feeder, return_exceptions=True)
+            unfinished = [t for t in (feeder, sender) if t is not None and not t.done()]
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
             await admitted.close()
             self.session.log_access(admitted, spoken)
         await self._done_message(0, spoken.bytes, spoken.error is not None, text=self.text)
 
-    async def _feed(self, stream) -> None:
+    async def _feed(self, stream, first: str = "") -> None:
         """Pieces to Triton in order; those that arrive while one is on its way go together."""
+        if first:
+            await stream.append(first)
         while True:
             pieces = [await self.queue.get()]
             while not self.queue.empty() and pieces[-1] is not None:

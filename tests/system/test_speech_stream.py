@@ -145,6 +145,29 @@ def test_sentence_mode_on_hibari_is_intelligible(text_shim):
     assert second.messages[-1] == {"type": "session.done", "utterance_index": 1, "total_sentences": 1}
 
 
+def test_an_utterance_longer_than_one_request_is_spoken(text_shim):
+    """One request takes 4,096 characters. Sentence mode cuts a longer run without a sentence end
+    at whitespace; append mode sends a longer first piece, and pieces that queued up past the
+    limit, in slices (both were refused before, append only after the talker waited 30 s)."""
+    url = ws_url(text_shim.url)
+    words = "word " * 1000
+    hibari = {"model": "hibari", "voice": "heart", "response_format": "pcm", "split_granularity": "sentence"}
+    run, _ = asyncio.run(_utterance(url, hibari, [words[i:i + 5] for i in range(0, len(words), 5)]))
+    assert not run.errors, run.errors
+    texts = [m["sentence_text"] for m in run.messages if m["type"] == "audio.start"]
+    assert len(texts) == 2 and max(map(len, texts)) <= 4096 and " ".join(texts).split() == words.split()
+    assert all(run.sentence_audio())
+
+    text = "Hello there, how are you today? " * 300          # 9,600 characters
+    started = time.monotonic()
+    run, _ = asyncio.run(_utterance(url, _config(), [text[:6000]] + _cuts(text[6000:], 3)))
+    assert not run.errors, run.errors
+    assert time.monotonic() - started < 25
+    assert len(run.audio) == (APPEND["max_new_tokens"] - 1) * 1920 * 2
+    assert [m["type"] for m in run.messages] == ["audio.start", "audio.done", "session.done"]
+    assert run.messages[1]["sentence_text"] == text
+
+
 def test_coded_errors(text_shim):
     async def first_error(config: dict, text: str | None = None) -> dict:
         async with SpeechStreamClient(ws_url(text_shim.url), config) as session:

@@ -2,6 +2,8 @@
 session.config checks (client/speech_api/text_splitter.py, stream_config.py)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from client.speech_api.catalog import Catalog
@@ -30,6 +32,36 @@ def test_clauses_and_none():
     assert _feed("clause", ["One, two; three. 四，五"]) == ["One,", "two;", "three.", "四，", "五"]
     assert _feed("none", ["One. ", "Two."]) == ["One. Two."]
     assert _feed("sentence", ["   "]) == []
+
+
+def test_no_unit_is_longer_than_a_request_may_be():
+    words = "word " * 2000                       # 10,000 characters, no unit end
+    for granularity in ("sentence", "clause", "none"):
+        units = _feed(granularity, [words[i:i + 7] for i in range(0, len(words), 7)])
+        assert max(len(u) for u in units) <= 4096 and len(units) == 3, granularity
+        assert " ".join(units).split() == words.split()                  # cut at whitespace, nothing lost
+    # a `none` utterance over the limit is cut at its last sentence end within it
+    sentences = "This is one sentence of the utterance. " * 200     # 7,800 characters
+    units = _feed("none", [sentences])
+    assert [len(u) for u in units] == [len(sentences[:4095].rsplit(". ", 1)[0]) + 1, len(units[1])]
+    assert all(u.endswith(".") for u in units) and " ".join(units) == sentences.strip()
+    # a run without whitespace is cut at the limit
+    assert [len(u) for u in _feed("sentence", ["x" * 9000])] == [4096, 4096, 808]
+    # a sentence that ends past the limit
+    assert [len(u) for u in _feed("sentence", ["y" * 5000 + ". Next."])] == [4096, 905, 5]
+    assert [len(u) for u in TextSplitter("clause", max_chars=10).feed("abc def ghi jkl, x")] == [7, 8]
+
+
+def test_splitting_costs_time_linear_in_the_text():
+    # 65,536 characters without a unit end, 4 at a time (an LLM's pace): each piece used to rescan
+    # all pending text, 25 s of the event loop in all
+    text = "hello wor" * 7282
+    for granularity in ("sentence", "clause"):
+        splitter = TextSplitter(granularity)
+        started = time.monotonic()
+        units = [u for i in range(0, len(text), 4) for u in splitter.feed(text[i:i + 4])] + splitter.flush()
+        assert time.monotonic() - started < 2.0
+        assert "".join(units).replace(" ", "") == text.replace(" ", "")
 
 
 def _catalog() -> Catalog:
