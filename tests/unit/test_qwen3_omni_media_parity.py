@@ -143,12 +143,27 @@ def _png(width: int, height: int) -> dict:
     return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(handle.getvalue()).decode()}}
 
 
+def _png_header(width: int, height: int) -> dict:
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    raw = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(raw).decode()}}
+
+
 def test_huge_and_thin_images_are_refused(checkpoints):
     builder = _builder(checkpoints)
     with pytest.raises(InvalidRequest, match="too large .*pixels"):
         builder.build_prompt(messages=[{"role": "user", "content": [_png(8000, 6000)]}])
     with pytest.raises(InvalidRequest, match="aspect ratio"):
         builder.build_prompt(messages=[{"role": "user", "content": [_png(1000, 4)]}])
+    # a header of 20000 x 20000 pixels: PIL refuses it as a bomb when it opens it
+    with pytest.raises(InvalidRequest, match="too large .*pixels"):
+        builder.build_prompt(messages=[{"role": "user", "content": [_png_header(20000, 20000)]}])
     # a small image is scaled up to the processor's minimum area, a large one down to its maximum
     small = builder.build_prompt(messages=[{"role": "user", "content": [_png(10, 10)]}])
     assert small.images[0].grid == (1, 4, 4)

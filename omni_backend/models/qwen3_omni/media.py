@@ -140,7 +140,10 @@ def open_image(raw: bytes, field: str, limits: ImageLimits = ImageLimits()):
             image.load()
     except InvalidRequest:
         raise
-    except Exception:  # PIL says "cannot identify image file", a truncated stream, a bomb
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):   # PIL's own size check, at open
+        raise InvalidRequest(field, f"too large (over {Image.MAX_IMAGE_PIXELS} pixels; the limit is "
+                                    f"{limits.max_pixels})") from None
+    except Exception:  # PIL says "cannot identify image file", a truncated stream
         raise InvalidRequest(field, "is not an image this server can read (PNG, JPEG, WebP, GIF, BMP)") from None
     if min(image.size) < 1 or max(image.size) / min(image.size) > 200:
         raise InvalidRequest(field, f"has an aspect ratio over 200 ({width}x{height})")
