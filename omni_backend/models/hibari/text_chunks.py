@@ -50,35 +50,12 @@ def readable_text(text: str) -> str:
     return _RUN.sub(_cut_run, _INTEGER.sub(_digit_by_digit, text))
 
 
-def _within_bound(chunk: str) -> list[str]:
-    """A chunk cut at word boundaries (a single longer word at `MAX_PHONEMES`) into pieces of at
-    most `MAX_PHONEMES`."""
-    pieces: list[str] = []
-    current = ""
-    for word in chunk.split(" "):
-        while len(word) > MAX_PHONEMES:
-            if current:
-                pieces.append(current)
-                current = ""
-            pieces.append(word[:MAX_PHONEMES])
-            word = word[MAX_PHONEMES:]
-        if current and len(current) + len(word) + 1 > MAX_PHONEMES:
-            pieces.append(current)
-            current = word
-        else:
-            current = f"{current} {word}" if current else word
-    if current:
-        pieces.append(current)
-    return pieces
-
-
-def _sentence_chunks(phonemes: str) -> list[str]:
-    """The wheel's chunks of one sentence's phonemes, then the bound on each."""
-    if len(phonemes) <= MAX_PHONEMES:
-        return [phonemes]
+def _joined(parts: list[str]) -> list[str]:
+    """Consecutive parts joined by spaces while a join stays within `MAX_PHONEMES` (the wheel's
+    rule; a longer part stays alone)."""
     chunks: list[str] = []
     current = ""
-    for part in _CLAUSE.split(phonemes):
+    for part in parts:
         if current and len(current) + len(part) + 1 > MAX_PHONEMES:
             chunks.append(current)
             current = part
@@ -86,7 +63,20 @@ def _sentence_chunks(phonemes: str) -> list[str]:
             current = f"{current} {part}" if current else part
     if current:
         chunks.append(current)
-    return [piece for chunk in chunks
+    return chunks
+
+
+def _within_bound(chunk: str) -> list[str]:
+    """A chunk over `MAX_PHONEMES` cut at word boundaries (a longer word at `MAX_PHONEMES`)."""
+    words = [word[i:i + MAX_PHONEMES] for word in chunk.split(" ") for i in range(0, len(word), MAX_PHONEMES)]
+    return _joined(words)
+
+
+def _sentence_chunks(phonemes: str) -> list[str]:
+    """The wheel's chunks of one sentence's phonemes (cut at clause punctuation), then the bound on each."""
+    if len(phonemes) <= MAX_PHONEMES:
+        return [phonemes]
+    return [piece for chunk in _joined(_CLAUSE.split(phonemes))
             for piece in (_within_bound(chunk) if len(chunk) > MAX_PHONEMES else [chunk])]
 
 
