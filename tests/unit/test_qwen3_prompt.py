@@ -73,6 +73,14 @@ def test_speakers_and_languages(cv):
     assert upper.speaker_codec_id == 3061
     assert upper.codec_prefix == (THINK, THINK_BOS, LANG["english"], THINK_EOS)
     assert b.build("Hello.", speaker="ryan").codec_prefix == (NOTHINK, THINK_BOS, THINK_EOS)
+    # ISO 639-1 codes, with or without a region, are the languages they name
+    for code in ("en", "EN", "en-US", "en_GB"):
+        assert b.build("Hello.", speaker="ryan", language=code) == lower, code
+    assert b.build("Hello.", speaker="ryan", language="fr").codec_prefix[2] == LANG["french"]
+    assert (b.build("你好。", speaker="eric", language="zh-CN")
+            == b.build("你好。", speaker="eric", language="chinese"))   # the dialect rule too
+    _error(b, "language", "unknown language 'xx'.*ISO 639-1", speaker="ryan", language="xx")
+    _error(b, "language", "unknown language 'eng'", speaker="ryan", language="eng")
     assert b.build("Hello.", speaker="ryan", language="").language == "auto"
 
 

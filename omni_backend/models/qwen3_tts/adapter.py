@@ -31,7 +31,7 @@ class Qwen3TTSAdapter(TTSAdapter):
     max_params_bytes = REF_AUDIO_MAX_CHARS + MAX_PARAMS_BYTES   # room for ref_audio's base64
     params = (
         Param("voice", str, max_len=64, help="preset speaker (CustomVoice), case-insensitive"),
-        Param("language", str, max_len=32, help="auto (default) or a language the checkpoint knows"),
+        Param("language", str, max_len=32, help="auto (default), a language the checkpoint knows, or its ISO 639-1 code"),
         Param("instructions", str, max_len=4096, help="style / voice description"),
         Param("task_type", str, max_len=16, help="CustomVoice | VoiceDesign (must match the checkpoint)"),
         Param("non_streaming_mode", bool, help="text all in the prompt (default for CustomVoice/VoiceDesign)"),

@@ -56,6 +56,18 @@ __all__ = [
     "reference_cut_samples",
 ]
 
+# ISO 639-1 codes clients send for the languages the released checkpoints name ("en", "zh-CN")
+LANGUAGE_CODES = {"zh": "chinese", "en": "english", "de": "german", "it": "italian", "pt": "portuguese",
+                  "es": "spanish", "ja": "japanese", "ko": "korean", "fr": "french", "ru": "russian"}
+
+
+def language_name(language: str) -> str:
+    """A language as the checkpoint names it: the name itself, or the name of an ISO 639-1 code
+    (a region after `-` or `_` is dropped)."""
+    code = language.replace("_", "-").split("-", 1)[0]
+    return LANGUAGE_CODES.get(code, language) if len(code) == 2 else language
+
+
 # Length of the assistant wrapper around the text: 3 tokens before ("<|im_start|>assistant\n"),
 # 5 after ("<|im_end|>\n<|im_start|>assistant\n").
 _ROLE_TOKENS = 3
@@ -190,7 +202,10 @@ class PromptBuilder:
         # -- language
         lang = "auto" if language is None or str(language).strip() == "" else str(language).strip().lower()
         if lang not in self.languages:
-            raise PromptError("language", f"unknown language {language!r}; available: {', '.join(self.languages)}")
+            lang = language_name(lang)
+        if lang not in self.languages:
+            raise PromptError("language", f"unknown language {language!r}; available: {', '.join(self.languages)} "
+                                          "(or their ISO 639-1 codes)")
 
         # -- instructions
         if instruct is not None and not isinstance(instruct, str):
