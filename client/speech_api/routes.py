@@ -212,7 +212,7 @@ async def create_speech(request: Request):
     access.update(model=pipeline, format=speech.response_format,
                   stream=speech.stream_format, speed=speech.speed)
     synthesis = SpeechSynthesis(shim.pool, shim.limiter, triton_request, speech.response_format,
-                                speech.stream_format, request.state.request_id, access)
+                                speech.stream_format, request.state.request_id, access, info.sample_rate)
     await synthesis.start()
     headers = {"x-omni-model": pipeline, "x-omni-ttfa-ms": f"{access['ttfa_ms']:.1f}",
                "x-omni-sample-rate": str(PCM_RATE if speech.response_format == "pcm" else synthesis.sample_rate)}

@@ -29,16 +29,17 @@ SLICE_S = 0.5         # then at most this much per encoder call
 
 class SpeechSynthesis(AdmittedStream):
     def __init__(self, pool: TritonPool, limiter: StreamLimiter, request: TritonRequest,
-                 response_format: str, stream_format: str, request_id: str, access: dict[str, Any]):
+                 response_format: str, stream_format: str, request_id: str, access: dict[str, Any],
+                 model_rate: int | None = None):
         super().__init__(pool, limiter, request.pipeline, request_id, access)
         self.request = request
         self.response_format = response_format
         self.stream_format = stream_format
+        self.model_rate = model_rate or 24000   # the pipeline's declared rate, for a stream with no audio
 
     async def start(self) -> None:
         await self.open(self.request.text, self.request.params)
-        if self.stream.first is not None:
-            self.sample_rate = self.stream.first[1]
+        self.sample_rate = self.stream.first[1] if self.stream.first is not None else self.model_rate
 
     async def _encoded(self) -> AsyncIterator[bytes]:
         """Encoded bytes, as soon as the encoder lets them go. Stretching and encoding run in
@@ -55,7 +56,7 @@ class SpeechSynthesis(AdmittedStream):
                 if data:
                     yield data
         if self._encoder is None:  # no audio at all: an empty but well-formed file
-            await loop.run_in_executor(None, self._open_encoder, self.sample_rate or 24000)
+            await loop.run_in_executor(None, self._open_encoder, self.sample_rate or self.model_rate)
         data = await loop.run_in_executor(None, self._finish)
         if data:
             yield data

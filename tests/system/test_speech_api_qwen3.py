@@ -102,3 +102,18 @@ def test_no_voice_speaks_the_default_voice_and_stream_false_is_whole(shim, opena
         extra_body={"stream": True, "stream_format": "audio", "ignore_eos": True, "seed": 5,
                     "max_new_tokens": FRAMES})
     assert sdk.content == default.content
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_a_request_that_ends_before_its_first_frame_answers_a_whole_body(shim, voices, fmt):
+    """`max_new_tokens: 1` yields no frame (as the reference): a complete answer with no audio,
+    streamed or whole, labelled with the model's rate (mp3's flush raised and cut the body)."""
+    body = {"model": MODEL, "input": "Hello there.", "response_format": fmt, "max_new_tokens": 1}
+    for stream in (True, False):
+        with httpx.stream("POST", f"{shim.url}/v1/audio/speech", json={**body, "stream": stream}, timeout=60) as r:
+            assert r.status_code == 200, r.read()[:300]
+            data = r.read()   # raises on a body cut short
+            assert r.headers["x-omni-sample-rate"] == "24000"
+        if fmt == "wav":
+            assert len(data) == 44 and data[:4] == b"RIFF"
+

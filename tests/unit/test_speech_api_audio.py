@@ -50,6 +50,16 @@ def test_encoders_stream_and_decode_back(fmt, rate):
     assert abs(peak_hz(samples, decoded_rate) - 220) < 3
 
 
+@pytest.mark.parametrize("fmt", list(CONTENT_TYPES))
+def test_an_encoder_given_no_audio_finishes(fmt):
+    """A request may end before its first frame (max_new_tokens 1): the encoder still finishes
+    (lameenc raised from its flush, which cut the HTTP body)."""
+    data = make_encoder(fmt, 24000).finish()
+    assert isinstance(data, bytes)
+    if fmt == "wav":
+        assert data[:4] == b"RIFF" and struct.unpack("<I", data[24:28])[0] == 24000
+
+
 def test_wav_header_claims_no_length():
     data = make_encoder("wav", 24000).encode(tone(24000, 0.1))
     assert data[:4] == b"RIFF" and struct.unpack("<I", data[4:8])[0] == 0xFFFFFFFF

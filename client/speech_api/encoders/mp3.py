@@ -21,9 +21,14 @@ class Mp3Encoder(StreamEncoder):
         self._lame.set_in_sample_rate(sample_rate)
         self._lame.set_channels(1)
         self._lame.set_quality(QUALITY)
+        self._encoded = False
 
     def encode(self, audio: np.ndarray) -> bytes:
-        return bytes(self._lame.encode(pcm16(audio))) if audio.size else b""
+        if not audio.size:
+            return b""
+        self._encoded = True
+        return bytes(self._lame.encode(pcm16(audio)))
 
     def finish(self) -> bytes:
-        return bytes(self._lame.flush())
+        # lameenc refuses to flush an encoder that was never given audio: no audio is no frames
+        return bytes(self._lame.flush()) if self._encoded else b""
