@@ -203,7 +203,7 @@ class Utterance:
             self.session.home = stream.endpoint
             feeder = asyncio.ensure_future(self._feed(stream, rest))
             sender = asyncio.ensure_future(self._send_audio(0, admitted, spoken))
-            # a piece Triton refused ends the utterance now, not when the talker gives up waiting
+            # a piece Triton refused ends the utterance now, not when the pipeline gives up waiting for text
             await asyncio.wait({feeder, sender}, return_when=asyncio.FIRST_EXCEPTION)
             if feeder.done() and feeder.exception() is not None:
                 await feeder
