@@ -50,13 +50,13 @@ from client.speech_api.encoders import make_encoder
 from client.speech_api.encoders.base import pcm16
 from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
 from client.speech_api.field_checks import clean_string
-from client.speech_api.request import MAX_INPUT_CHARS
 from client.speech_api.resample import Resampler
 from client.speech_api.pool import TritonEndpoint
 from client.speech_api.speed import TimeStretch
 from client.speech_api.stream_config import SessionConfig, error_message, merged_config, parse_session_config
 from client.speech_api.text_splitter import TextSplitter
 from client.triton_stream import TritonStreamError
+from omni_backend.adapters.base import MAX_TEXT_CHARS
 
 log = logging.getLogger("omni.speech_api")
 
@@ -190,8 +190,8 @@ class Utterance:
             first += piece
         if not first.strip():
             return   # an utterance without words: nothing to speak
-        # one request's text is at most MAX_INPUT_CHARS; the rest of a longer first piece is appended
-        first, rest = first[:MAX_INPUT_CHARS], first[MAX_INPUT_CHARS:]
+        # one request's text is at most MAX_TEXT_CHARS; the rest of a longer first piece is appended
+        first, rest = first[:MAX_TEXT_CHARS], first[MAX_TEXT_CHARS:]
         request = self.config.request
         self.sentences = 1
         await self._start_message(0, first)

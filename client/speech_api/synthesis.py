@@ -56,7 +56,7 @@ class SpeechSynthesis(AdmittedStream):
                 if data:
                     yield data
         if self._encoder is None:  # no audio at all: an empty but well-formed file
-            await loop.run_in_executor(None, self._open_encoder, self.sample_rate or self.model_rate)
+            await loop.run_in_executor(None, self._open_encoder, self.sample_rate)
         data = await loop.run_in_executor(None, self._finish)
         if data:
             yield data

@@ -6,7 +6,7 @@ by whitespace (so `3.14`, `e.g.x` and a `.` at the very end of what arrived so f
 or at once at a CJK / Indic / Arabic sentence mark. `clause`: also at commas and semicolons
 (`,` `;` after whitespace rules like `.`; `，` `；` `،` at once). `input.done` flushes the rest.
 
-No unit is longer than a request may be (`max_chars`, the API's 4,096 characters): text that
+No unit is longer than a request to the pipeline may be (`max_chars`, the entry's 4,096 characters): text that
 reaches it without a unit end is cut at its last sentence end, else its last whitespace, else at
 the limit (a `none` utterance too, which is then spoken as several requests). Only text that
 arrived since the last piece is scanned, so an utterance costs time linear in its length however
@@ -14,7 +14,7 @@ it is cut into pieces.
 """
 from __future__ import annotations
 
-from client.speech_api.request import MAX_INPUT_CHARS
+from omni_backend.adapters.base import MAX_TEXT_CHARS
 
 GRANULARITIES = ("none", "sentence", "clause")
 # Marks that may end a unit only once whitespace follows them (abbreviations, decimals).
@@ -24,7 +24,7 @@ _AT_ONCE = {"sentence": "。！？…।॥؟", "clause": "。！？…।॥؟�
 
 
 class TextSplitter:
-    def __init__(self, granularity: str, max_chars: int = MAX_INPUT_CHARS):
+    def __init__(self, granularity: str, max_chars: int = MAX_TEXT_CHARS):
         if granularity not in GRANULARITIES:
             raise ValueError(f"unknown split granularity {granularity!r}")
         self.granularity = granularity
