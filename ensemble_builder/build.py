@@ -108,10 +108,10 @@ def stage_config(p: PipelineConfig, s: StageConfig, deploy: DeployConfig, common
     }
 
 
-def catalog(p: PipelineConfig, model: str) -> str:
+def catalog(p: PipelineConfig, model: str, deploy: DeployConfig | None = None) -> str:
     """The pipeline as the speech API sees it (JSON): description, sample rate, and the served
     checkpoint's parameters, voices and clone support from its adapter."""
-    described = import_path(p.adapter).from_model(model).describe()
+    described = import_path(p.adapter).from_model(model, deploy).describe()
     return json.dumps({"description": p.description, "sample_rate": p.sample_rate, **described},
                       sort_keys=True, separators=(",", ":"))
 
@@ -147,7 +147,7 @@ def build(pipeline: str, out: str | Path, deploy_path: str | Path | None = None,
         common["family"] = family
         common["family_root"] = _package_root(family)
     entry = entry_config(p, deploy, common)
-    entry["parameters"] += _params({"catalog": catalog(p, model)})
+    entry["parameters"] += _params({"catalog": catalog(p, model, deploy)})
     models = [(p.name, entry, p.entry_class)]
     out = Path(out)
     for s in p.stages:

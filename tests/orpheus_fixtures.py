@@ -29,6 +29,9 @@ ORPHEUS_JOBS = [
     ("en_dan", "tiny2", "A second shape, grouped-query attention and Llama 3 rope scaling.", "dan", 84, 1.3),
     ("zh_mia", "tiny2", "你好，世界。", "mia", 56, 1.1),
     ("noise_seed", "tiny2", "Seeded codec noise.", "jess", 42, 1.3),
+    # a finetune's own voice (the deploy lists it; its case is kept), and a checkpoint with none
+    ("fr_pierre", "tiny", "Bonjour, je m'appelle Pierre.", "Pierre", 56, 1.3),
+    ("no_voice", "tiny2", "A pretrained checkpoint takes the text alone.", None, 49, 1.3),
 ]
 SEEDS = {"noise_seed": 1234}
 

@@ -58,6 +58,8 @@ class PipelineInfo:
     chat: bool = False
     # The catalog's `default_voice`, for a model whose voice parameter has no default of its own.
     catalog_default_voice: str | None = None
+    # The catalog's `speaks`: false for a chat model whose checkpoint answers in text only.
+    speaks: bool = True
 
     @property
     def known(self) -> bool:
@@ -127,7 +129,8 @@ def describe_pipeline(name: str, catalog: str | None = None) -> PipelineInfo:
     return PipelineInfo(name=name, fields=fields, sample_rate=described.get("sample_rate"),
                         description=described.get("description", ""), params=tuple(described["params"]),
                         clones=bool(described.get("clones_voices")), chat=chat,
-                        catalog_default_voice=described.get("default_voice") or None)
+                        catalog_default_voice=described.get("default_voice") or None,
+                        speaks=described.get("speaks") is not False)
 
 
 def entry_pipeline_name(model_name: str, config: dict[str, Any]) -> str | None:

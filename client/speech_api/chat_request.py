@@ -418,11 +418,11 @@ def _voice(voice: str, info: PipelineInfo, put, params: dict[str, Any]) -> None:
     """audio.voice -> the pipeline's speaker parameter. OpenAI's stock names (alloy, ...) mean the
     model's default voice unless the model has a voice of that name, as for /v1/audio/speech."""
     spec = info.voice_field
-    name = voice.lower()
     choices = spec.choices if spec is not None else None
-    if choices and name in choices:
-        put(spec.name, name, "audio.voice")
-    elif name in OPENAI_VOICES:
+    choice = next((c for c in choices or () if c.lower() == voice.lower()), None)
+    if choice is not None:
+        put(spec.name, choice, "audio.voice")
+    elif voice.lower() in OPENAI_VOICES:
         return
     elif spec is not None and not choices:   # the model checks it
         put(spec.name, voice, "audio.voice")
@@ -456,6 +456,9 @@ def build_chat_params(req: ChatRequest, info: PipelineInfo) -> ChatTritonRequest
     if req.parts is not None:
         put("content", req.parts, f"messages[{len(req.history)}].content")
 
+    if req.audio and not info.speaks:
+        raise invalid_request("modalities", f"modalities: model '{info.name}' answers in text only (its checkpoint "
+                                            "does not speak); use [\"text\"]")
     if not req.audio and info.accepts("return_audio"):   # text only: the audio stages are skipped
         params["return_audio"] = False
         fields["return_audio"] = "modalities"

@@ -261,7 +261,7 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
                                        f"{', '.join(known) or 'none'}); upload one to /v1/audio/voices or "
                                        "pass ref_audio")
     elif voice_spec is not None:
-        if voice_spec.choices and req.voice.lower() not in voice_spec.choices:
+        if voice_spec.choices and req.voice.lower() not in {c.lower() for c in voice_spec.choices}:
             if not stock:
                 raise invalid_request("voice", f"voice: unknown voice {shown(req.voice)} for model "
                                                f"'{info.name}'; available: {', '.join(voice_spec.choices)}")

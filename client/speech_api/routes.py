@@ -99,6 +99,8 @@ async def get_model(request: Request, model: str) -> JSONResponse:
                     parameters=list(info.params))
     if info is not None:
         body["chat"] = info.chat
+        if info.chat:   # whether its answers can be spoken (modalities ["text", "audio"])
+            body["speaks"] = info.speaks
     return JSONResponse(body)
 
 

@@ -14,9 +14,12 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_backend.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from omni_backend.deploy import DeployConfig
 
 MAX_TEXT_CHARS = 4096
 MAX_TEXT_BYTES = 4 * MAX_TEXT_CHARS       # UTF-8 takes at most 4 bytes per character
@@ -103,9 +106,13 @@ class Param:
         if self.max_len is not None and len(value) > self.max_len:
             raise InvalidRequest(self.name, f"must be at most {self.max_len} characters, got {len(value)}")
         check_string(self.name, value)
-        if self.choices is not None and value.lower() not in self.choices:
+        if self.choices is None:
+            return value
+        # a choice matches whatever its case, and is given on as the choice is written
+        choice = next((c for c in self.choices if c.lower() == value.lower()), None)
+        if choice is None:
             raise InvalidRequest(self.name, f"unknown value {shown(value)}; available: {', '.join(self.choices)}")
-        return value.lower() if self.choices is not None else value
+        return choice
 
 
 def _utf8(field: str, raw: bytes) -> str:
@@ -173,8 +180,9 @@ class TTSAdapter:
         self.context = context or {}
 
     @classmethod
-    def from_model(cls, model_path: str | None) -> "TTSAdapter":
-        """An adapter for the checkpoint being served (reads only its config, no weights)."""
+    def from_model(cls, model_path: str | None, deploy: "DeployConfig | None" = None) -> "TTSAdapter":
+        """An adapter for the checkpoint being served (reads only its config, no weights) as the
+        deploy serves it (a family may read its stages' options, e.g. the voices a finetune has)."""
         return cls()
 
     def param_specs(self) -> dict[str, Param]:

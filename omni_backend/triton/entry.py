@@ -70,7 +70,7 @@ class PipelineEntry(DecoupledModel):
     def setup(self) -> None:
         built = built_model(self.parameters, self.model_name)
         self.pipeline, self.deploy, self.model_path = built.pipeline, built.deploy, built.model_path
-        self.adapter = import_path(self.pipeline.adapter).from_model(self.model_path)
+        self.adapter = import_path(self.pipeline.adapter).from_model(self.model_path, self.deploy)
         self.sample_rate = self.pipeline.sample_rate
         self.metrics = PipelineMetrics(self.pipeline.name)
         self.streams_gauge = LoopGauge(self.metrics.active, lambda: len(self.active), self.loop)

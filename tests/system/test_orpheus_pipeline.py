@@ -37,6 +37,8 @@ stages:
     max_num_seqs: 8
     max_model_len: 1024
     enforce_eager: true
+    options:
+      voices: "tara, leah, leo, zac, zoe, Pierre"   # a finetune's voices, one of its own
   - stage_id: 1
     device: cpu
     threads: 1
@@ -71,7 +73,8 @@ def _greedy(job) -> dict:
 
 @pytest.mark.parametrize("pipeline,shape", [(VLLM, "tiny"), (TORCH, "tiny2")])
 def test_served_greedy_audio_equals_reference(orpheus_server, orpheus_jobs, orpheus_reference, pipeline, shape):
-    for job in [j for j in orpheus_jobs if j["shape"] == shape]:
+    # both builds list voices (the vLLM one a finetune's own); the voiceless job is the unit tests'
+    for job in [j for j in orpheus_jobs if j["shape"] == shape and j["voice"]]:
         result = synthesize(orpheus_server.grpc_url, pipeline, job["text"], _greedy(job))
         want = orpheus_reference[job["name"]]["audio"]
         assert result.sample_rate == 24000

@@ -68,6 +68,32 @@ def test_model_path_must_be_a_checkpoint(tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
 
 
+def test_a_checkpoint_of_another_architecture_is_refused_when_built(tmp_path, capsys):
+    """VoxCPM 1.x (config.json `architecture: voxcpm`, or none, as the reference reads it) is
+    another model: the build says so instead of the server failing to load its weights."""
+    import json
+
+    from omni_backend.models.voxcpm2.random_checkpoint import checkpoint_config
+
+    for arch in ("voxcpm", None):
+        config = {k: v for k, v in checkpoint_config("tiny").items() if k != "architecture"}
+        folder = tmp_path / f"voxcpm1-{arch}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**config, **({"architecture": arch} if arch else {})}))
+        assert main(["build", "--pipeline", "voxcpm2", "--model", str(folder), "--out", str(tmp_path / "r")]) == 2
+        assert "architecture is 'voxcpm'; this pipeline serves VoxCPM2" in capsys.readouterr().err
+    assert not (tmp_path / "r" / "voxcpm2").exists()
+
+
+def test_a_bad_orpheus_voice_list_fails_the_build_naming_the_option(tmp_path, capsys):
+    deploy = tmp_path / "finetune.yaml"
+    deploy.write_text('pipeline: orpheus_tiny_random\nstages:\n  - stage_id: 0\n    engine: torch\n'
+                      '    options:\n      voices: "pierre, Pierre"\n')
+    assert main(["build", "--pipeline", "orpheus_tiny_random", "--deploy", str(deploy),
+                 "--out", str(tmp_path / "r")]) == 2
+    assert "finetune.yaml: stages[0].options.voices: 'Pierre' is listed twice" in capsys.readouterr().err
+
+
 def test_unknown_pipeline(capsys):
     assert main(["build", "--pipeline", "nope", "--out", "/tmp/unused"]) == 2
     assert "unknown pipeline" in capsys.readouterr().err

@@ -1,27 +1,51 @@
-"""Request fields of Orpheus: a voice of the released finetuned model and sampling."""
+"""Request fields of Orpheus: a voice the checkpoint was finetuned on, and sampling."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_backend.adapters.base import Param, TTSAdapter
 
-from .tokens import VOICES
+from .family import VOICES_OPTION
+from .tokens import voice_names
+
+if TYPE_CHECKING:
+    from omni_backend.deploy import DeployConfig
+
+SAMPLING = (
+    Param("seed", int, lo=0, hi=2**63 - 1, help="sampling seed; unset = random (the codec's noise: 0)"),
+    Param("max_new_tokens", int, lo=7, hi=8192, help="token limit (7 tokens per 85 ms frame)"),
+    Param("do_sample", bool),
+    Param("temperature", float, lo=1e-3, hi=5.0),
+    Param("top_k", int, lo=0, hi=200000),
+    Param("top_p", float, lo=1e-3, hi=1.0),
+    Param("repetition_penalty", float, lo=1.0, hi=5.0),
+)
 
 
 class OrpheusAdapter(TTSAdapter):
-    params = (
-        Param("voice", str, default="tara", choices=VOICES, help="voice of the finetuned model"),
-        Param("seed", int, lo=0, hi=2**63 - 1, help="sampling seed; unset = random (the codec's noise: 0)"),
-        Param("max_new_tokens", int, lo=7, hi=8192, help="token limit (7 tokens per 85 ms frame)"),
-        Param("do_sample", bool),
-        Param("temperature", float, lo=1e-3, hi=5.0),
-        Param("top_k", int, lo=0, hi=200000),
-        Param("top_p", float, lo=1e-3, hi=1.0),
-        Param("repetition_penalty", float, lo=1.0, hi=5.0),
-    )
+    """`voice` takes the deploy's voices (the lm stage's option `voices`; by default the released
+    English finetune's); a checkpoint with none (the pretrained one) has no `voice` field."""
+    params = (Param("voice", str, default=VOICES_OPTION.default.split(", ")[0],
+                    choices=voice_names(VOICES_OPTION.default), help="voice of the finetuned model"),
+              *SAMPLING)
+
+    def __init__(self, context: dict[str, Any] | None = None):
+        super().__init__(context)
+        voices = self.context.get("voices")
+        if voices:
+            self.params = (Param("voice", str, default=voices[0], choices=voices, help="voice of the finetuned model"),
+                           *SAMPLING)
+        elif voices is not None:
+            self.params = SAMPLING
 
     @classmethod
-    def from_model(cls, model_path: str | None) -> "OrpheusAdapter":
+    def from_model(cls, model_path: str | None, deploy: "DeployConfig | None" = None) -> "OrpheusAdapter":
         if not model_path:
             raise ValueError("orpheus needs a checkpoint folder (--model PATH)")
-        return cls({"model_path": model_path})
+        listed = deploy.stage(0).options.get(VOICES_OPTION.name) if deploy is not None else None
+        try:
+            voices = voice_names(VOICES_OPTION.default if listed is None else listed)
+        except ValueError as e:   # only a deploy's own list can be wrong
+            i = next(i for i, sd in enumerate(deploy.stages) if sd.stage_id == 0)
+            raise ValueError(f"{deploy.source}: stages[{i}].options.voices: {e}") from None
+        return cls({"model_path": model_path, "voices": voices})

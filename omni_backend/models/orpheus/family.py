@@ -10,6 +10,13 @@ from __future__ import annotations
 from omni_backend.adapters.base import Param
 from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
 
+from .tokens import VOICES
+
+# The voices the checkpoint was finetuned on (each request's prompt starts "{voice}: "); read by
+# the entry's adapter, which checks a request's voice against them.
+VOICES_OPTION = Param("voices", str, default=", ".join(VOICES), max_len=4096,
+                      help="the checkpoint's voices, comma-separated, the first the default; "
+                           "empty for a checkpoint that takes none (the pretrained one)")
 # Where the SNAC 24 kHz folder (config.json + pytorch_model.bin) is; unset: <model>/snac_24khz.
 SNAC_OPTIONS = (Param("snac_path", str, max_len=4096, help="SNAC 24 kHz checkpoint folder"),)
 
@@ -25,6 +32,7 @@ def _orpheus(name: str, description: str, default_model: str | None, deploy: str
         sample_rate=24000,
         stages=(
             StageConfig(stage_id=0, model_stage="lm", kind="stream", engines=("torch", "vllm"),
+                        options=(VOICES_OPTION,),
                         outputs=(TensorSpec("CODES", "INT64", (-1,)),
                                  TensorSpec("ERROR", "STRING", (1,))),   # its errors, as data (triton/stage.py)
                         triton_class="omni_backend.models.orpheus.lm_stage.OrpheusLMStage"),

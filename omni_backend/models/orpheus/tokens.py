@@ -33,16 +33,41 @@ from typing import Iterable
 import numpy as np
 
 __all__ = ["OrpheusTokens", "OrpheusPrompt", "CodeAssembler", "FRAME_TOKENS", "WINDOW_FRAMES", "CODEBOOK_SIZE",
-           "VOICES", "WindowCutter", "window_codebooks", "window_is_valid", "clean_up_tokenization"]
+           "VOICES", "WindowCutter", "window_codebooks", "window_is_valid", "clean_up_tokenization",
+           "voice_names"]
 
 FRAME_TOKENS = 7           # SNAC codes per frame: 1 + 2 + 4 over the three codebooks
 WINDOW_FRAMES = 4          # frames decoded per audio window; the second one's audio is kept
 CODEBOOK_SIZE = 4096
 CODE_OFFSET = 10           # custom tokens 0..9 are control tokens
-# The voices of the released finetuned model (its prompt prefix "voice: ").
+# The voices of the released English finetuned model (its prompt prefix "voice: "). Other
+# finetunes (the released multilingual ones, a user's own) name theirs in the deploy YAML.
 VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
+MAX_VOICE_CHARS = 64
 
 _CUSTOM = re.compile(r"<custom_token_(\d+)>")
+# A voice is written into the prompt as "{voice}: {text}": no separator, control character or
+# special-token brackets inside a name.
+_VOICE_NAME = re.compile(r"[^\s,:<>\[\]\x00-\x1f\x7f]+(?: [^\s,:<>\[\]\x00-\x1f\x7f]+)*")
+
+
+def voice_names(listed: str) -> tuple[str, ...]:
+    """The voices a deploy lists (``"pierre, amelie"``), in order; the first is the default and
+    an empty list means the checkpoint takes no voice (the pretrained one: the prompt is the text
+    alone). Names keep their case and match requests case-insensitively. ValueError names the
+    problem."""
+    names = tuple(n.strip() for n in listed.split(",")) if listed.strip() else ()
+    seen: set[str] = set()
+    for n in names:
+        if not n:
+            raise ValueError(f"an empty name in {listed!r} (names are separated by commas)")
+        if len(n) > MAX_VOICE_CHARS or not _VOICE_NAME.fullmatch(n):
+            raise ValueError(f"{n[:MAX_VOICE_CHARS]!r} is not a voice name (at most {MAX_VOICE_CHARS} "
+                             "characters; no ':', '<', '>', '[', ']' or control characters)")
+        if n.lower() in seen:
+            raise ValueError(f"{n!r} is listed twice")
+        seen.add(n.lower())
+    return names
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,23 @@ rejected by the entry model, naming the field, before any stage is touched.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter, decode_params
 from omni_backend.errors import InvalidRequest
+
+from .config import SPEECHLESS
+
+if TYPE_CHECKING:
+    from omni_backend.deploy import DeployConfig
 
 DEFAULT_SPEAKER = "ethan"
 # the conversation with its recordings (base64): several 30-s recordings fit
 MAX_MESSAGES_BYTES = 48 * 1024 * 1024
 TALKER_STAGES = frozenset({1})   # skipping the talker skips code2wav too (PipelineConfig.stages_run)
+# the fields of the audio alone: refused with return_audio false, absent for a checkpoint that does not speak
+AUDIO_ONLY = frozenset({"speaker", "talker_do_sample", "talker_temperature", "talker_top_k", "talker_top_p",
+                        "talker_repetition_penalty", "talker_max_new_tokens", "initial_chunk_frames", "chunk_frames"})
 
 
 def _blank(text: bytes | str) -> bool:
@@ -63,9 +71,13 @@ class Qwen3OmniAdapter(TTSAdapter):
     def __init__(self, context: dict[str, Any] | None = None):
         super().__init__(context)
         self.builder = self.context.get("prompt_builder")
+        if self.builder is not None and not self.speaks:   # a text answer is all it gives
+            self.params = tuple(Param("return_audio", bool, default=False, help="false: the text answer (this "
+                                      "checkpoint does not speak)") if p.name == "return_audio" else p
+                                for p in self.params if p.name not in AUDIO_ONLY)
 
     @classmethod
-    def from_model(cls, model_path: str | None) -> "Qwen3OmniAdapter":
+    def from_model(cls, model_path: str | None, deploy: "DeployConfig | None" = None) -> "Qwen3OmniAdapter":
         from omni_backend.models.qwen3_omni.builtin import resolve_checkpoint
         from omni_backend.models.qwen3_omni.checkpoint import load_checkpoint
 
@@ -76,10 +88,17 @@ class Qwen3OmniAdapter(TTSAdapter):
         return cls({"prompt_builder": checkpoint.prompt_builder(), "model_path": path})
 
     @property
-    def speakers(self) -> list[str]:
-        return list(self.builder.config.talker.speakers)
+    def speaks(self) -> bool:
+        """False for a checkpoint without talker (config.json enable_audio_output: false)."""
+        return self.builder.config.talker is not None
 
-    def default_speaker(self) -> str:
+    @property
+    def speakers(self) -> list[str]:
+        return list(self.builder.config.talker.speakers) if self.speaks else []
+
+    def default_speaker(self) -> str | None:
+        if not self.speakers:
+            return None
         return DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else self.speakers[0]
 
     def describe(self) -> dict[str, Any]:
@@ -91,8 +110,9 @@ class Qwen3OmniAdapter(TTSAdapter):
         params.append({"name": "content", "type": "list",
                        "help": "parts of the new message before TEXT (text, input_audio, image_url)"})
         # `chat`: TEXT is a user turn answered by the model (PARAMS `messages`: the turns before it)
+        # `speaks`: false when the checkpoint answers in text only
         return {"params": params, "voices": self.speakers, "default_voice": self.default_speaker(), "clones_voices": False,
-                "chat": True}
+                "chat": True, "speaks": self.speaks}
 
     def validate(self, text: bytes | str, params: bytes | str | dict | None) -> dict[str, Any]:
         raw = params if isinstance(params, dict) else decode_params(params, self.max_params_bytes)
@@ -129,17 +149,20 @@ class Qwen3OmniAdapter(TTSAdapter):
         return request
 
     def check(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
-        speaker = (params.get("speaker") or self.default_speaker()).strip().lower()
-        if speaker not in self.speakers:
-            raise InvalidRequest("speaker", f"unknown speaker {speaker!r}; known: {', '.join(self.speakers)}")
-        params["speaker"] = speaker
+        if not self.speaks:
+            if params["return_audio"]:
+                raise InvalidRequest("return_audio", f"{SPEECHLESS}; ask for the text answer only")
+        else:
+            speaker = (params.get("speaker") or self.default_speaker()).strip().lower()
+            if speaker not in self.speakers:
+                raise InvalidRequest("speaker", f"unknown speaker {speaker!r}; known: {', '.join(self.speakers)}")
+            params["speaker"] = speaker
         if params.get("temperature") == 0.0:   # OpenAI's greedy
             if params.get("do_sample"):
                 raise InvalidRequest("temperature", "0 means greedy, but do_sample is true")
             params["do_sample"], params["temperature"] = False, None
         if not params["return_audio"]:
-            audio_only = [p.name for p in self.params if p.name.startswith("talker_") or p.name.endswith("chunk_frames")]
-            given = [name for name in audio_only if params.get(name) is not None]
+            given = [p.name for p in self.params if p.name in AUDIO_ONLY - {"speaker"} and params.get(p.name) is not None]
             if given:
                 raise InvalidRequest(given[0], "applies to the audio, which return_audio: false does not make")
         return params

@@ -26,7 +26,7 @@ from .audio_tower import AudioTower
 from .code2wav import Code2Wav
 from .image_processor import ImageProcessor
 from .vision_encoder import VisionEncoder
-from .config import Qwen3OmniConfig, load_config
+from .config import SPEECHLESS, Qwen3OmniConfig, load_config
 from .moe import SparseMoeBlock
 from .prompt import ChatTemplate, PromptBuilder
 from .talker import Talker
@@ -124,6 +124,8 @@ def load_checkpoint(checkpoint_dir: str, dtype: torch.dtype | str = torch.float3
     if unknown:
         raise ValueError(f"parts: unknown {unknown}; known: {', '.join(PARTS)}")
     config = load_config(checkpoint_dir)
+    if config.talker is None and {"talker", "code2wav"} & set(parts):
+        raise ValueError(f"{checkpoint_dir}: {SPEECHLESS}; it has no talker or code2wav")
     try:
         tokenizer: QwenTextTokenizer | None = QwenTextTokenizer(checkpoint_dir, dict(config.raw))
     except FileNotFoundError:

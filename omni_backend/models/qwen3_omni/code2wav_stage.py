@@ -17,6 +17,8 @@ import torch
 from omni_backend.errors import InvalidRequest
 from omni_backend.triton.batched_stage import BatchedStage, Inputs
 
+from .config import SPEECHLESS, load_config
+
 
 class Code2WavStage(BatchedStage):
     def load(self) -> None:
@@ -25,11 +27,15 @@ class Code2WavStage(BatchedStage):
 
         sd = self.stage_deploy
         torch.set_num_threads(sd.threads)
-        self.decoder = load_checkpoint(resolve_checkpoint(self.model_path), device=sd.device,
-                                       parts=("code2wav",)).code2wav
+        path = resolve_checkpoint(self.model_path)
         self.batch_invariant = sd.batch_invariant
+        # None: the checkpoint does not speak; the entry sends no window here
+        self.decoder = None if load_config(path).talker is None else \
+            load_checkpoint(path, device=sd.device, parts=("code2wav",)).code2wav
 
     def batch_key(self, inputs: Inputs) -> Hashable:
+        if self.decoder is None:
+            raise InvalidRequest("return_audio", SPEECHLESS)
         codes = inputs["CODES"]
         left, right = inputs["LEFT_CONTEXT"].reshape(-1), inputs["RIGHT_CONTEXT"].reshape(-1)
         if len(set(left.tolist())) != 1 or len(set(right.tolist())) != 1:

@@ -6,6 +6,10 @@ Parsed: the thinker's text model (``thinker_config.text_config``), its audio enc
 model, the code predictor, codec and speaker ids), ``code2wav_config`` and the top-level chat / TTS
 token ids, and its vision encoder (``thinker_config.vision_config``).
 
+A checkpoint with ``enable_audio_output: false`` (the released Thinking and Captioner ones) has no
+talker or code2wav weights: its talker section is not read (``talker`` is None) and it answers in
+text only.
+
 Two spellings of the rotary settings are read: the released one (``rope_theta`` plus
 ``rope_scaling`` with ``mrope_section``), and the one transformers 5 writes (``rope_parameters``).
 A key this implementation needs and cannot default (a section, a size that fixes tensor shapes)
@@ -30,8 +34,12 @@ __all__ = [
     "AudioTowerConfig",
     "VisionConfig",
     "Qwen3OmniConfig",
+    "SPEECHLESS",
     "load_config",
 ]
+
+SPEECHLESS = ("this checkpoint does not speak (config.json: enable_audio_output is false, as in the Thinking "
+              "and Captioner checkpoints)")
 
 
 def _section(raw: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
@@ -396,7 +404,7 @@ class VisionConfig:
 @dataclass(frozen=True)
 class Qwen3OmniConfig:
     thinker: MoeTextConfig
-    talker: TalkerConfig
+    talker: TalkerConfig | None   # None: the checkpoint does not speak (enable_audio_output: false)
     code2wav: Code2WavConfig
     enable_audio_output: bool = True
     im_start_token_id: int = 151644
@@ -429,11 +437,14 @@ class Qwen3OmniConfig:
         thinker_raw = _section(raw, "thinker_config", "")
         thinker = MoeTextConfig.from_dict(_section(thinker_raw, "text_config", "thinker_config."),
                                           "thinker_config.text_config.", _THINKER_DEFAULTS)
-        talker = TalkerConfig.from_dict(_section(raw, "talker_config", ""))
-        if talker.thinker_hidden_size != thinker.hidden_size:
+        speaks = raw.get("enable_audio_output", True)
+        if not isinstance(speaks, bool):
+            raise ConfigError(f"enable_audio_output: must be true or false, got {speaks!r}")
+        talker = TalkerConfig.from_dict(_section(raw, "talker_config", "")) if speaks else None
+        if talker is not None and talker.thinker_hidden_size != thinker.hidden_size:
             raise ConfigError(f"talker_config.thinker_hidden_size: {talker.thinker_hidden_size} differs from "
                               f"thinker_config.text_config.hidden_size {thinker.hidden_size}")
-        if not 0 <= talker.accept_hidden_layer <= thinker.num_hidden_layers:
+        if talker is not None and not 0 <= talker.accept_hidden_layer <= thinker.num_hidden_layers:
             raise ConfigError(f"talker_config.accept_hidden_layer: {talker.accept_hidden_layer} is not a thinker "
                               f"hidden state (0..{thinker.num_hidden_layers})")
         ids = {}
@@ -467,7 +478,7 @@ class Qwen3OmniConfig:
             vision=vision,
             position_id_per_seconds=float(thinker_raw.get("position_id_per_seconds", 25)),
             talker_position_id_per_seconds=float((raw.get("talker_config") or {}).get("position_id_per_seconds", 25)),
-            enable_audio_output=bool(raw.get("enable_audio_output", True)),
+            enable_audio_output=speaks,
             transformers_version=raw.get("transformers_version"),
             raw=raw,
             **ids,

@@ -695,17 +695,22 @@ def _write_tokenizer(out_dir: str) -> None:
 
 def write_random_checkpoint(out_dir: str, shape: str = "tiny", seed: int = 0,
                             thinker_eos_after: int | None = DEFAULT_THINKER_EOS_AFTER,
-                            talker_eos_after: int | None = DEFAULT_TALKER_EOS_AFTER) -> str:
+                            talker_eos_after: int | None = DEFAULT_TALKER_EOS_AFTER, speaks: bool = True) -> str:
     """Write a random checkpoint folder of ``shape`` and return its path (see the module doc).
-    ``None`` for an ``*_eos_after`` leaves that model unrigged (it stops only at its token bound)."""
+    ``None`` for an ``*_eos_after`` leaves that model unrigged (it stops only at its token bound).
+    ``speaks=False`` writes a checkpoint that answers in text only, as the released Thinking one:
+    ``enable_audio_output: false``, no talker or code2wav weights, the same thinker."""
     from safetensors.torch import save_file
 
     config = checkpoint_config(shape)
     tensors = {spec.name: draw(spec, seed) for spec in tensor_specs(shape)}
     if thinker_eos_after is not None:
         rig_thinker_im_end(tensors, config, thinker_eos_after)
-    if talker_eos_after is not None:
+    if talker_eos_after is not None and speaks:
         rig_talker_eos(tensors, config, talker_eos_after)
+    if not speaks:
+        config["enable_audio_output"] = False
+        tensors = {name: t for name, t in tensors.items() if not name.startswith(("talker.", "code2wav."))}
     os.makedirs(out_dir, exist_ok=True)
     save_file({name: value.contiguous() for name, value in tensors.items()},
               os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
@@ -725,9 +730,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="greedy answers end with <|im_end|> as token K (0: no rig)")
     parser.add_argument("--talker-eos-after", type=int, default=DEFAULT_TALKER_EOS_AFTER, metavar="F",
                         help="greedy speech ends after F frames (0: no rig)")
+    parser.add_argument("--speechless", action="store_true",
+                        help="text answers only: enable_audio_output false, no talker or code2wav weights")
     args = parser.parse_args(argv)
     write_random_checkpoint(args.out, args.shape, args.seed, args.thinker_eos_after or None,
-                            args.talker_eos_after or None)
+                            args.talker_eos_after or None, speaks=not args.speechless)
     print(f"wrote {args.shape} Qwen3-Omni checkpoint to {args.out}")
     return 0
 

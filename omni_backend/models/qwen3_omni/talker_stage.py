@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from typing import Any, AsyncIterator
 
 import numpy as np
@@ -25,7 +26,10 @@ from omni_backend.errors import InvalidRequest, Unavailable
 from omni_backend.triton.decoupled import StreamContext
 from omni_backend.triton.stage import ForgetOnRelease, StageModel
 
+from .config import SPEECHLESS, load_config
 from .family import TALKER_OPTIONS
+
+logger = logging.getLogger(__name__)
 
 _TEXT_WAIT = TALKER_OPTIONS[1]
 # request field -> engine parameter
@@ -74,6 +78,10 @@ class TalkerStage(StageModel):
         sd = self.stage_deploy
         torch.set_num_threads(sd.threads)
         path = resolve_checkpoint(self.model_path)
+        self.engine = None
+        if load_config(path).talker is None:   # no talker to load: the entry sends no request here
+            logger.info("%s: %s; the talker stays idle", self.model_name, SPEECHLESS)
+            return
         checkpoint = load_checkpoint(path, dtype=sd.dtype, device=sd.device, parts=("talker",))
         self.config, self.talker = checkpoint.config, checkpoint.talker
         self.embedding = load_thinker_embedding(path, dtype=sd.dtype, device=sd.device)
@@ -101,6 +109,8 @@ class TalkerStage(StageModel):
         from .prompt import TalkerInput
         from .talker_runner import ThinkerAnswer
 
+        if self.engine is None:
+            raise InvalidRequest("return_audio", SPEECHLESS)
         if request is None or "PROMPT_IDS" not in inputs:
             raise InvalidRequest("PROMPT_IDS", "the talker is opened with the thinker's prompt ids and the request")
         rid = ctx.stage_request_id
@@ -134,8 +144,10 @@ class TalkerStage(StageModel):
         feed.push(inputs.get("TOKEN_IDS", np.zeros(0, np.int64)).reshape(-1).tolist(), end)
 
     def on_cancel(self, ctx: StreamContext) -> None:
-        self.engine.cancel(ctx.stage_request_id)
+        if self.engine is not None:
+            self.engine.cancel(ctx.stage_request_id)
 
     def release_resources(self) -> None:
-        self.engine.close(timeout=2.0)
+        if self.engine is not None:
+            self.engine.close(timeout=2.0)
 

@@ -48,7 +48,8 @@ class ThinkerStage(StageModel):
         torch.set_num_threads(sd.threads)
         checkpoint = load_checkpoint(resolve_checkpoint(self.model_path), dtype=sd.dtype, device=sd.device,
                                      parts=("thinker", "audio_tower", "visual"))
-        self.hidden_layer = checkpoint.config.talker.accept_hidden_layer
+        talker = checkpoint.config.talker   # None: a checkpoint that does not speak
+        self.hidden_layer = talker.accept_hidden_layer if talker is not None else None
         self.builder = checkpoint.prompt_builder()
         self.tokenizer = checkpoint.tokenizer
         self.eos_id = checkpoint.config.im_end_token_id
@@ -72,7 +73,7 @@ class ThinkerStage(StageModel):
         prompt = await self.run_blocking(lambda: self.builder.build_prompt(messages=request["messages"],
                                                                            system=request.get("system")))
         # the talker reads hidden states at the placeholders only when it runs
-        hidden_wanted = prompt.multimodal and request.get("return_audio", True)
+        hidden_wanted = prompt.multimodal and request.get("return_audio", True) and self.hidden_layer is not None
         prompt.hidden_layer = self.hidden_layer if hidden_wanted else None
         try:
             stream = self.engine.add_request(rid, prompt, self.sampling_params(request))

@@ -15,10 +15,13 @@ streaming-text mode (``non_streaming_mode`` false) and cannot be an in-context v
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter
 from omni_backend.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from omni_backend.deploy import DeployConfig
 
 TASK_TYPES = {"customvoice": "custom_voice", "voicedesign": "voice_design", "base": "base"}
 TASK_NAMES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
@@ -63,7 +66,7 @@ class Qwen3TTSAdapter(TTSAdapter):
         self.builder = self.context.get("prompt_builder")
 
     @classmethod
-    def from_model(cls, model_path: str | None) -> "Qwen3TTSAdapter":
+    def from_model(cls, model_path: str | None, deploy: "DeployConfig | None" = None) -> "Qwen3TTSAdapter":
         from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
         from omni_backend.models.qwen3_tts.config import load_config
         from omni_backend.models.qwen3_tts.prompt import PromptBuilder

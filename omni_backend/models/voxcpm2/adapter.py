@@ -4,10 +4,13 @@ voice cloning from a recording ``ref_audio`` with its transcript ``ref_text`` (t
 continuation prompt: the transcript before the text, the recording's latents after it)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter
 from omni_backend.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from omni_backend.deploy import DeployConfig
 
 REF_AUDIO_MAX_BYTES = 10 * 1024 * 1024
 REF_AUDIO_MAX_CHARS = REF_AUDIO_MAX_BYTES * 4 // 3 + 256   # base64 of 10 MiB plus a data-URL header
@@ -31,6 +34,22 @@ class VoxCPM2Adapter(TTSAdapter):
               help="voice to clone: data URL or base64 of wav/flac/mp3 (1-30 s, <= 10 MiB); needs ref_text"),
         Param("ref_text", str, max_len=4096, help="the transcript of ref_audio"),
     )
+
+    @classmethod
+    def from_model(cls, model_path: str | None, deploy: "DeployConfig | None" = None) -> "VoxCPM2Adapter":
+        """Reads the checkpoint's config, so that a folder of another model is refused when the
+        repository is built, not when the server loads it."""
+        from omni_backend.models.voxcpm2.builtin import resolve_checkpoint
+        from omni_backend.models.voxcpm2.config import load_config
+
+        if not model_path:
+            raise ValueError("voxcpm2 needs a checkpoint folder (--model PATH)")
+        path = resolve_checkpoint(model_path)
+        try:
+            load_config(path)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{path}/config.json: not a VoxCPM2 config ({type(e).__name__}: {e})") from None
+        return cls({"model_path": path})
 
     def check(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
         if params.get("ref_audio") is not None:

@@ -132,6 +132,12 @@ def _known(cls, data: dict) -> dict:
 
 
 def parse_config(data: dict) -> VoxCPM2Config:
+    # the reference picks its model class by this field, "voxcpm" when absent (VoxCPM 1.x, another
+    # architecture: no reference-audio encoder, other VAE): refused here rather than misloaded
+    arch = str(data.get("architecture", "voxcpm")).lower()
+    if arch != "voxcpm2":
+        raise ValueError(f"config.json: architecture is {arch!r}; this pipeline serves VoxCPM2 checkpoints "
+                         "(architecture 'voxcpm2')")
     lm = dict(data["lm_config"])
     rope = lm["rope_scaling"]
     lm["rope_scaling"] = RopeScaling(rope["type"], tuple(rope["long_factor"]), tuple(rope["short_factor"]),
