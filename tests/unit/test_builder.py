@@ -83,6 +83,14 @@ def test_a_checkpoint_of_another_architecture_is_refused_when_built(tmp_path, ca
         assert main(["build", "--pipeline", "voxcpm2", "--model", str(folder), "--out", str(tmp_path / "r")]) == 2
         assert "architecture is 'voxcpm'; this pipeline serves VoxCPM2" in capsys.readouterr().err
     assert not (tmp_path / "r" / "voxcpm2").exists()
+    # a VAE of another output rate would be labelled 48 kHz
+    config = checkpoint_config("tiny")
+    config["audio_vae_config"]["out_sample_rate"] = 44100
+    folder = tmp_path / "vae44k"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    assert main(["build", "--pipeline", "voxcpm2", "--model", str(folder), "--out", str(tmp_path / "r")]) == 2
+    assert "audio_vae_config.out_sample_rate is 44100; this pipeline serves 48000 Hz" in capsys.readouterr().err
 
 
 def test_a_bad_orpheus_voice_list_fails_the_build_naming_the_option(tmp_path, capsys):

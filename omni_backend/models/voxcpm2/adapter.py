@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter
 from omni_backend.errors import InvalidRequest
 
+from .family import OUTPUT_RATE
+
 if TYPE_CHECKING:
     from omni_backend.deploy import DeployConfig
 
@@ -46,9 +48,12 @@ class VoxCPM2Adapter(TTSAdapter):
             raise ValueError("voxcpm2 needs a checkpoint folder (--model PATH)")
         path = resolve_checkpoint(model_path)
         try:
-            load_config(path)
+            rate = load_config(path).audio_vae_config.out_sample_rate
         except (KeyError, TypeError) as e:
             raise ValueError(f"{path}/config.json: not a VoxCPM2 config ({type(e).__name__}: {e})") from None
+        if rate != OUTPUT_RATE:   # the responses are labelled with the pipeline's rate
+            raise ValueError(f"{path}/config.json: audio_vae_config.out_sample_rate is {rate}; this pipeline "
+                             f"serves {OUTPUT_RATE} Hz, as the released VoxCPM2")
         return cls({"model_path": path})
 
     def check(self, text: str, params: dict[str, Any]) -> dict[str, Any]:

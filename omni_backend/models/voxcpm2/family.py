@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from omni_backend.pipeline import PipelineConfig, StageConfig, TensorSpec
 
+OUTPUT_RATE = 48000   # the released AudioVAE's out_sample_rate: what every response is labelled
+
 
 def _voxcpm2(name: str, description: str, default_model: str | None, deploy: str) -> PipelineConfig:
     return PipelineConfig(
@@ -19,7 +21,7 @@ def _voxcpm2(name: str, description: str, default_model: str | None, deploy: str
         description=description,
         default_deploy=deploy,
         default_model=default_model,
-        sample_rate=48000,
+        sample_rate=OUTPUT_RATE,
         stages=(
             StageConfig(stage_id=0, model_stage="lm", kind="stream",
                         outputs=(TensorSpec("LATENTS", "FP32", (-1, -1)),
