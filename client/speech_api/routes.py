@@ -79,9 +79,13 @@ async def list_models(request: Request) -> JSONResponse:
     for name in shim.catalog.model_names():
         pipeline = shim.catalog.resolve(name)
         info = shim.catalog.get(pipeline) if pipeline else None
-        # `chat`: answers POST /v1/chat/completions rather than reading text aloud
-        data.append({"id": name, "object": "model", "created": created, "owned_by": "omni-triton-tts",
-                     "pipeline": pipeline, "chat": bool(info is not None and info.chat)})
+        # `chat`: answers POST /v1/chat/completions rather than reading text aloud; `speaks`: a chat
+        # model's answers can be spoken
+        entry = {"id": name, "object": "model", "created": created, "owned_by": "omni-triton-tts",
+                 "pipeline": pipeline, "chat": bool(info is not None and info.chat)}
+        if info is not None and info.chat:
+            entry["speaks"] = info.speaks
+        data.append(entry)
     return JSONResponse({"object": "list", "data": data})
 
 

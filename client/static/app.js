@@ -64,14 +64,19 @@ async function loadVoices() {
   }
 }
 
-// Models that chat (POST /v1/chat/completions) rather than read text aloud.
+// Models that chat (POST /v1/chat/completions) rather than read text aloud, and those of them
+// that answer in text only (their checkpoint does not speak).
 const chatModels = new Set();
+const textOnlyModels = new Set();
 
 // A chat model shows the chat box instead of the text to read.
 function showMode() {
   const chatting = chatModels.has($("model").value);
   state.mode = chatting ? "chat" : "speech";
   $("chat").hidden = !chatting;
+  const speaks = !textOnlyModels.has($("model").value), box = $("chat-speak");
+  if (speaks !== !box.disabled) box.checked = speaks;   // off for a text-only model, on again after it
+  box.disabled = !speaks;
   for (const id of ["text", "speech-buttons", "format-label", "speed-label", "speech-stats"]) $(id).hidden = chatting;
   if (chatting) $("player").hidden = true;   // shown again by the next compressed-format Play
   setChatPhase(chat.phase);
@@ -82,7 +87,11 @@ async function loadModels() {
     const body = await getJson("/v1/models");
     const models = body.data.map((m) => [m.id, m.id === m.pipeline ? m.id : `${m.id} → ${m.pipeline}`]);
     chatModels.clear();
-    for (const m of body.data) if (m.chat) chatModels.add(m.id);
+    textOnlyModels.clear();
+    for (const m of body.data) {
+      if (m.chat) chatModels.add(m.id);
+      if (m.chat && m.speaks === false) textOnlyModels.add(m.id);
+    }
     fill($("model"), models, models.length ? models[0][0] : null);
     showMode();
     await loadVoices();

@@ -115,3 +115,35 @@ def test_the_speech_api_chats_in_text_and_refuses_audio(speechless, qwen3_omni_r
         client.chat.completions.create(model=MODEL, messages=messages, modalities=["text", "audio"],
                                        audio={"voice": "ethan", "format": "wav"})
     assert e.value.body["param"] == "modalities" and "does not speak" in e.value.body["message"]
+
+
+def test_the_page_chats_in_text_with_speaking_off(speechless, tmp_path):
+    """In the page (headless Chromium) the model's 'speak the answers' box is off and disabled,
+    and a turn's answer streams as text."""
+    import os
+
+    from tests.system.chromium_cdp import CHROMIUM, Chromium
+
+    assert os.path.exists(CHROMIUM), "the page test needs Debian's chromium (apt-get install -y chromium)"
+    _, shim = speechless
+    listed = httpx.get(f"{shim.url}/v1/models", timeout=30).json()["data"]
+    assert [(m["chat"], m.get("speaks")) for m in listed if m["pipeline"] == MODEL] == [(True, False)]
+    browser = Chromium().start()
+    try:
+        browser.navigate(f"{shim.url}/")
+        browser.wait_for("window.omniSpeech && window.omniSpeech.ready", 15)
+        browser.evaluate(f"(() => {{ const m = document.getElementById('model'); m.value = {json.dumps(MODEL)};"
+                         " m.dispatchEvent(new Event('change')); })()")
+        browser.wait_for("window.omniSpeech.mode === 'chat'", 5)
+        box = json.loads(browser.evaluate("JSON.stringify([document.getElementById('chat-speak').checked,"
+                                          " document.getElementById('chat-speak').disabled])"))
+        assert box == [False, True]
+        browser.evaluate("document.getElementById('chat-input').value = 'Hello there.'")
+        browser.click("#chat-send")
+        browser.wait_for("window.omniSpeech.chat.history.length === 2 || window.omniSpeech.chat.phase === 'error'", 60)
+        state = json.loads(browser.evaluate("JSON.stringify(window.omniSpeech.chat)"))
+        assert state["phase"] == "done", state["error"]
+        assert state["answer"] and not state["audioSeconds"]
+        browser.screenshot(tmp_path / "text_only_chat.png")
+    finally:
+        browser.stop()

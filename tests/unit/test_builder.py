@@ -93,6 +93,21 @@ def test_a_checkpoint_of_another_architecture_is_refused_when_built(tmp_path, ca
     assert "audio_vae_config.out_sample_rate is 44100; this pipeline serves 48000 Hz" in capsys.readouterr().err
 
 
+def test_a_qwen3_tts_checkpoint_of_another_codec_is_refused_when_built(tmp_path, capsys):
+    """The reference also knows a 25 Hz speech tokenizer; the code2wav here decodes the 12 Hz one."""
+    import json
+    import shutil
+
+    from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
+
+    folder = tmp_path / "qwen3_tts_25hz"
+    shutil.copytree(resolve_checkpoint("builtin:qwen3_tts_tiny_random"), folder)
+    config = folder / "speech_tokenizer" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "model_type": "qwen3_tts_tokenizer_25hz"}))
+    assert main(["build", "--pipeline", "qwen3_tts", "--model", str(folder), "--out", str(tmp_path / "r")]) == 2
+    assert "model_type is 'qwen3_tts_tokenizer_25hz'; this pipeline decodes" in capsys.readouterr().err
+
+
 def test_a_bad_orpheus_voice_list_fails_the_build_naming_the_option(tmp_path, capsys):
     deploy = tmp_path / "finetune.yaml"
     deploy.write_text('pipeline: orpheus_tiny_random\nstages:\n  - stage_id: 0\n    engine: torch\n'

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 from omni_backend.adapters.base import Param, TTSAdapter
 
 from .family import VOICES_OPTION
-from .tokens import voice_names
+from .tokens import VOICES, voice_names
 
 if TYPE_CHECKING:
     from omni_backend.deploy import DeployConfig
@@ -22,21 +22,21 @@ SAMPLING = (
 )
 
 
+def _params(voices: tuple[str, ...]) -> tuple[Param, ...]:
+    if not voices:
+        return SAMPLING
+    return (Param("voice", str, default=voices[0], choices=voices, help="voice of the finetuned model"), *SAMPLING)
+
+
 class OrpheusAdapter(TTSAdapter):
     """`voice` takes the deploy's voices (the lm stage's option `voices`; by default the released
     English finetune's); a checkpoint with none (the pretrained one) has no `voice` field."""
-    params = (Param("voice", str, default=VOICES_OPTION.default.split(", ")[0],
-                    choices=voice_names(VOICES_OPTION.default), help="voice of the finetuned model"),
-              *SAMPLING)
+    params = _params(VOICES)
 
     def __init__(self, context: dict[str, Any] | None = None):
         super().__init__(context)
-        voices = self.context.get("voices")
-        if voices:
-            self.params = (Param("voice", str, default=voices[0], choices=voices, help="voice of the finetuned model"),
-                           *SAMPLING)
-        elif voices is not None:
-            self.params = SAMPLING
+        if self.context.get("voices") is not None:
+            self.params = _params(self.context["voices"])
 
     @classmethod
     def from_model(cls, model_path: str | None, deploy: "DeployConfig | None" = None) -> "OrpheusAdapter":

@@ -15,6 +15,8 @@ streaming-text mode (``non_streaming_mode`` false) and cannot be an in-context v
 """
 from __future__ import annotations
 
+import json
+import os
 from typing import TYPE_CHECKING, Any
 
 from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter
@@ -26,8 +28,22 @@ if TYPE_CHECKING:
 TASK_TYPES = {"customvoice": "custom_voice", "voicedesign": "voice_design", "base": "base"}
 TASK_NAMES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
 DEFAULT_SPEAKER = "vivian"
+SPEECH_TOKENIZER = "qwen3_tts_tokenizer_12hz"
 REF_AUDIO_MAX_BYTES = 10 * 1024 * 1024
 REF_AUDIO_MAX_CHARS = REF_AUDIO_MAX_BYTES * 4 // 3 + 256   # base64 of 10 MiB plus a data-URL header
+
+
+def _check_speech_tokenizer(path: str) -> None:
+    """The codec decoder is the 12 Hz tokenizer's (the reference also has a 25 Hz one): another is
+    refused when the repository is built, not when the server loads it."""
+    config = os.path.join(path, "speech_tokenizer", "config.json")
+    if not os.path.exists(config):
+        raise ValueError(f"{path}: no speech_tokenizer/config.json (a Qwen3-TTS checkpoint carries its codec there)")
+    with open(config, encoding="utf-8") as f:
+        kind = json.load(f).get("model_type")
+    if kind != SPEECH_TOKENIZER:
+        raise ValueError(f"{config}: model_type is {kind!r}; this pipeline decodes the codes of "
+                         f"{SPEECH_TOKENIZER!r} (the Qwen3-TTS-12Hz checkpoints)")
 
 
 class Qwen3TTSAdapter(TTSAdapter):
@@ -75,6 +91,7 @@ class Qwen3TTSAdapter(TTSAdapter):
         if not model_path:
             raise ValueError("qwen3_tts needs a checkpoint folder (--model PATH)")
         path = resolve_checkpoint(model_path)
+        _check_speech_tokenizer(path)
         builder = PromptBuilder(load_config(path), QwenTextTokenizer(path))
         return cls({"prompt_builder": builder, "model_path": path})
 
