@@ -53,12 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"how long an idle HTTP connection is kept open (default {KEEP_ALIVE_S:g}: longer "
                          "than clients keep theirs, so a client never sends on a connection being closed)")
     ap.add_argument("--fetch-allow-host", action="append", metavar="HOST", default=[],
-                    help="fetch http(s) image URLs of chat messages from this host (repeatable; *.example.com "
-                         "for its subdomains); default: fetch nothing, images must be data URLs")
+                    help="fetch http(s) image and audio URLs of chat messages from this host (repeatable; "
+                         "*.example.com for its subdomains); default: fetch nothing, media must be data URLs")
     ap.add_argument("--fetch-allow-private", action="store_true",
                     help="allow fetching from loopback, private and link-local addresses (off: no SSRF)")
     ap.add_argument("--fetch-max-bytes", type=int, default=20 * 1024 * 1024, metavar="N",
-                    help="largest image fetched from a URL (default 20 MiB)")
+                    help="largest image or recording fetched from a URL (default 20 MiB)")
     ap.add_argument("--fetch-timeout", type=float, default=10.0, metavar="SECONDS",
                     help="time for a fetch, redirects included (default 10)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

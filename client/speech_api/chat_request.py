@@ -126,6 +126,8 @@ class ChatRequest:
     seed: int | None = None
     extensions: dict[str, Any] = field(default_factory=dict)   # the pipeline's own parameters
     parts: list[dict[str, Any]] | None = None   # the new user message's parts when it holds media
+    # where an `audio_url` part stood ("messages[0].content[1]"), sent on as `input_audio`
+    audio_url_parts: tuple[str, ...] = ()
 
     @property
     def encoder_format(self) -> str | None:
@@ -197,8 +199,11 @@ def _content(value: Any, where: str, media: bool) -> str | list[dict[str, Any]]:
         if kind == "image_url" and media:
             parts.append(_image_url(part, at))
             continue
+        if kind == "audio_url" and media:
+            parts.append(_audio_url(part, at))
+            continue
         if kind != "text":
-            allowed = "text, input_audio and image_url parts" if media else "text parts"
+            allowed = "text, input_audio, audio_url and image_url parts" if media else "text parts"
             raise invalid_request(f"{at}.type", f"{at}.type: only {allowed} are supported here, got "
                                                 f"{shown(kind)}", code="unsupported_parameter")
         extra = set(part) - {"type", "text"}
@@ -249,6 +254,27 @@ def _image_url(part: dict, at: str) -> dict[str, Any]:
     if spec.get("detail") not in (None, "auto", "low", "high"):
         raise invalid_request(f"{at}.image_url.detail", f"{at}.image_url.detail: must be auto, low or high")
     return {"type": "image_url", "image_url": dict(spec)}
+
+
+def _audio_url(part: dict, at: str) -> dict[str, Any]:
+    """vLLM's `audio_url` part (a data URL, or an http(s) URL fetched as for images); it becomes
+    an `input_audio` part once its audio is at hand (media_fetch.py)."""
+    extra = set(part) - {"type", "audio_url"}
+    if extra:
+        raise invalid_request(at, f"{at}: unknown key(s) {', '.join(sorted(map(str, extra)))}")
+    spec = part.get("audio_url")
+    if isinstance(spec, str):   # the short form
+        spec = {"url": spec}
+    if not isinstance(spec, dict):
+        raise invalid_request(f"{at}.audio_url", f"{at}.audio_url: must be an object {{\"url\": ...}}")
+    for key in spec:
+        if key != "url":
+            name = f"{at}.audio_url.{key}" if isinstance(key, str) and FIELD_NAME.fullmatch(key) else f"{at}.audio_url"
+            raise invalid_request(name, f"{name}: unknown key (audio_url takes url)")
+    if not isinstance(spec.get("url"), str) or not spec["url"].strip():
+        raise invalid_request(f"{at}.audio_url.url", f"{at}.audio_url.url: must be a data URL or an http(s) URL",
+                              code="missing_required_parameter" if spec.get("url") is None else "invalid_value")
+    return {"type": "audio_url", "audio_url": dict(spec)}
 
 
 def _has_media(content: str | list[dict[str, Any]]) -> bool:
@@ -369,18 +395,18 @@ def parse_chat_body(body: Any, transcripts: AudioTranscripts | None = None) -> C
     modalities = body.get("modalities")
     if modalities is None:
         modalities = ["text"]
+    # ["audio"] (vLLM-Omni's clients) is answered as ["text", "audio"]: with audio, OpenAI's answer
+    # carries its text as the audio's transcript, not as content, either way
     if (not isinstance(modalities, list) or not modalities or any(m not in MODALITIES for m in modalities)
             or len(set(modalities)) != len(modalities)):
-        raise invalid_request("modalities", f"modalities: must be [\"text\"] or [\"text\", \"audio\"], "
-                                            f"got {shown(modalities)}")
-    if "text" not in modalities:
-        raise invalid_request("modalities", "modalities: audio comes with its text; use [\"text\", \"audio\"]")
+        raise invalid_request("modalities", f"modalities: must be [\"text\"], [\"text\", \"audio\"] or "
+                                            f"[\"audio\"], got {shown(modalities)}")
     req = ChatRequest(model=clean_string("model", model.strip()), history=history, text=text,
                       audio="audio" in modalities, stream=_bool(body, "stream"), parts=parts)
     if req.audio:
         req.voice, req.audio_format = _audio(body)
     elif body.get("audio") is not None:
-        raise invalid_request("audio", "audio: only with modalities [\"text\", \"audio\"]")
+        raise invalid_request("audio", "audio: only with modalities that ask for audio ([\"text\", \"audio\"])")
 
     options = body.get("stream_options")
     if options is not None:
@@ -412,6 +438,7 @@ class ChatTritonRequest:
     params: dict[str, Any]
     fields: dict[str, str]
     messages_offset: int = 0   # PARAMS.messages[i] is the body's messages[i + offset]
+    audio_url_parts: tuple[str, ...] = ()   # ChatRequest.audio_url_parts
 
 
 def _voice(voice: str, info: PipelineInfo, put, params: dict[str, Any]) -> None:
@@ -492,7 +519,7 @@ def build_chat_params(req: ChatRequest, info: PipelineInfo) -> ChatTritonRequest
                                   code="unknown_parameter")
         put(name, value, name)
     return ChatTritonRequest(pipeline=info.name, text=req.text, params=params, fields=fields,
-                             messages_offset=offset)
+                             messages_offset=offset, audio_url_parts=req.audio_url_parts)
 
 
 def chat_error(error: ApiError, triton: ChatTritonRequest) -> ApiError:
@@ -508,6 +535,9 @@ def chat_error(error: ApiError, triton: ChatTritonRequest) -> ApiError:
         field = f"messages[{int(at[1]) + triton.messages_offset}]{name[at.end():]}"
     if field is None:
         return error
+    for part in triton.audio_url_parts:   # the client sent this recording as an audio_url
+        if field.startswith(f"{part}.input_audio"):
+            field = f"{part}.audio_url.url"
     message = error.message
     if message.startswith(f"{error.param}:"):
         message = field + message[len(error.param):]

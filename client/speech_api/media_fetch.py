@@ -1,12 +1,14 @@
-"""Image URLs a chat message names, fetched only where the operator allowed it (no SSRF).
+"""Image and audio URLs a chat message names, fetched only where the operator allowed it (no SSRF).
 
-By default the speech API fetches nothing: an `image_url` must be a data URL, and an http(s) URL is
-a 400 saying so. With `--fetch-allow-host HOST` (repeatable; `*.example.com` matches subdomains)
-an http(s) image URL on an allowed host is fetched and sent on as a data URL, within limits: the
-host's addresses must be public (loopback, private, link-local, multicast and reserved addresses
-are refused unless `--fetch-allow-private`), the answer must come within `--fetch-timeout` seconds
-in all, be an `image/*` of at most `--fetch-max-bytes`, after at most 3 redirects, each of which
-is checked again. Every refusal is a 400 naming the part (`messages[0].content[1].image_url.url`).
+By default the speech API fetches nothing: an `image_url` or `audio_url` must be a data URL, and
+an http(s) URL is a 400 saying so. With `--fetch-allow-host HOST` (repeatable; `*.example.com`
+matches subdomains) an http(s) URL on an allowed host is fetched and sent on as a data URL, within
+limits: the host's addresses must be public (loopback, private, link-local, multicast and reserved
+addresses are refused unless `--fetch-allow-private`), the answer must come within
+`--fetch-timeout` seconds in all, be an `image/*` (an `audio/*` for audio) of at most
+`--fetch-max-bytes`, after at most 3 redirects, each of which is checked again. Every refusal is a
+400 naming the part (`messages[0].content[1].image_url.url`). An `audio_url` part (vLLM's) is then
+sent on as the `input_audio` part the pipelines take.
 """
 from __future__ import annotations
 
@@ -76,7 +78,11 @@ async def _check_host(url: str, policy: FetchPolicy) -> None:
         raise _Refused(f"host {host!r} resolves to a private or loopback address")
 
 
-async def _fetch(url: str, policy: FetchPolicy) -> tuple[bytes, str]:
+# part type -> (the media type its URL must answer, what the refusal calls anything else)
+_MEDIA = {"image_url": ("image/", "an image"), "audio_url": ("audio/", "audio")}
+
+
+async def _fetch(url: str, policy: FetchPolicy, media: str = "image_url") -> tuple[bytes, str]:
     import httpx
 
     deadline = time.monotonic() + policy.timeout_s
@@ -93,8 +99,9 @@ async def _fetch(url: str, policy: FetchPolicy) -> tuple[bytes, str]:
                 if response.status_code != 200:
                     raise _Refused(f"answered HTTP {response.status_code}")
                 kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
-                if not kind.startswith("image/"):
-                    raise _Refused(f"is not an image (content-type {kind or 'missing'!r})")
+                prefix, called = _MEDIA[media]
+                if not kind.startswith(prefix):
+                    raise _Refused(f"is not {called} (content-type {kind or 'missing'!r})")
                 declared = response.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > policy.max_bytes:
                     raise _Refused(f"is larger than {policy.max_bytes} bytes")
@@ -112,18 +119,19 @@ async def _fetch(url: str, policy: FetchPolicy) -> tuple[bytes, str]:
 async def _resolve_part(part: dict[str, Any], where: str, policy: FetchPolicy) -> None:
     import httpx
 
-    spec = part["image_url"]
+    media = part["type"]
+    spec = part[media]
     url = spec["url"].strip()
     if url.startswith("data:"):
         return
-    field = f"{where}.image_url.url"
+    field = f"{where}.{media}.url"
+    example = "data:image/png;base64,..." if media == "image_url" else "data:audio/wav;base64,..."
     if urlsplit(url).scheme.lower() not in ("http", "https"):
-        raise invalid_request(field, f"{field}: must be a data URL (data:image/png;base64,...) or an http(s) URL")
+        raise invalid_request(field, f"{field}: must be a data URL ({example}) or an http(s) URL")
     if not policy.enabled:
-        raise invalid_request(field, f"{field}: this server fetches no URL (send the image as a data URL, "
-                                     "data:image/png;base64,...)")
+        raise invalid_request(field, f"{field}: this server fetches no URL (send it as a data URL, {example})")
     try:
-        body, kind = await asyncio.wait_for(_fetch(url, policy), policy.timeout_s + 1.0)
+        body, kind = await asyncio.wait_for(_fetch(url, policy, media), policy.timeout_s + 1.0)
     except _Refused as refused:
         raise invalid_request(field, f"{field}: {refused}") from None
     except (asyncio.TimeoutError, httpx.TimeoutException):
@@ -135,12 +143,20 @@ async def _resolve_part(part: dict[str, Any], where: str, policy: FetchPolicy) -
     spec["url"] = f"data:{kind};base64,{base64.b64encode(body).decode()}"
 
 
-async def fetch_message_media(messages: list[tuple[int, Any]], policy: FetchPolicy) -> None:
-    """Replace each http(s) `image_url` of ``messages`` (body index, content) by a data URL of what
-    it names, in place, or raise a 400 naming the part."""
+async def fetch_message_media(messages: list[tuple[int, Any]], policy: FetchPolicy) -> tuple[str, ...]:
+    """Replace each http(s) `image_url` or `audio_url` of ``messages`` (body index, content) by a
+    data URL of what it names, and each `audio_url` by the `input_audio` part holding it, in place,
+    or raise a 400 naming the part. Returns where the `audio_url` parts were."""
+    converted = []
     for index, content in messages:
         if isinstance(content, str):
             continue
         for j, part in enumerate(content):
-            if part.get("type") == "image_url":
-                await _resolve_part(part, f"messages[{index}].content[{j}]", policy)
+            where = f"messages[{index}].content[{j}]"
+            if part.get("type") in _MEDIA:
+                await _resolve_part(part, where, policy)
+            if part.get("type") == "audio_url":   # the pipelines read a data URL as input_audio data
+                url = part.pop("audio_url")["url"].strip()
+                part.update(type="input_audio", input_audio={"data": url})
+                converted.append(where)
+    return tuple(converted)

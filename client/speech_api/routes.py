@@ -237,9 +237,11 @@ async def create_chat_completion(request: Request):
     shim = _shim(request)
     access = request.state.access
     chat = parse_chat_body(await _json_body(request), shim.chat_audio)
-    # http(s) image URLs become data URLs here, where the operator allowed their hosts; else a 400
-    await fetch_message_media([(i, m["content"]) for i, m in enumerate(chat.history)]
-                              + ([(len(chat.history), chat.parts)] if chat.parts else []), shim.config.fetch)
+    # http(s) image and audio URLs become data URLs here, where the operator allowed their hosts
+    # (else a 400), and audio_url parts input_audio ones
+    chat.audio_url_parts = await fetch_message_media(
+        [(i, m["content"]) for i, m in enumerate(chat.history)]
+        + ([(len(chat.history), chat.parts)] if chat.parts else []), shim.config.fetch)
     pipeline = await _resolve(request, chat.model)
     info = shim.catalog.get(pipeline)
     if info is None or not info.chat:

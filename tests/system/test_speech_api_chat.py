@@ -225,6 +225,30 @@ def test_a_spoken_question_equals_the_triton_stream(stack, client):
         "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": text}]})[0]
 
 
+def test_vllm_omni_client_body_is_answered(stack, client):
+    """What vLLM-Omni's Qwen3-Omni clients post: the recording as an `audio_url` data URL and
+    `modalities: ["audio"]`; the answer equals the OpenAI-shaped request's (input_audio, text and
+    audio), and a recording the server cannot read names the `audio_url` part."""
+    data = _wav_b64(2.0, 44100)
+    question = "What is said in this recording?"
+    openai_shaped = client.chat.completions.create(
+        model=MODEL, modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"}, **GREEDY,
+        messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}},
+                                               {"type": "text", "text": question}]}])
+    url = f"data:audio/wav;base64,{data}"
+    peer = client.chat.completions.create(
+        model=MODEL, modalities=["audio"], audio={"voice": "alloy", "format": "pcm16"}, **GREEDY,
+        messages=[{"role": "user", "content": [{"type": "audio_url", "audio_url": {"url": url}},
+                                               {"type": "text", "text": question}]}])
+    assert peer.choices[0].message.content is None
+    assert peer.choices[0].message.audio.transcript == openai_shaped.choices[0].message.audio.transcript
+    assert peer.choices[0].message.audio.data == openai_shaped.choices[0].message.audio.data
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, **GREEDY, messages=[{"role": "user", "content": [
+            {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64,bm90IGF1ZGlv"}}]}])
+    assert e.value.param == "messages[0].content[0].audio_url.url", e.value
+
+
 def test_a_recording_over_the_limit_is_a_400_saying_it(client):
     too_long = {"type": "input_audio", "input_audio": {"data": _wav_b64(121.0, 8000), "format": "wav"}}
     with pytest.raises(openai.BadRequestError) as e:

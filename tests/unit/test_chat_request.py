@@ -81,6 +81,41 @@ def test_audio_request_maps_voice_sampling_and_history():
     assert "One two" in req.prompt_text() and triton.messages_offset == 1
 
 
+def test_vllm_omni_clients_audio_only_modalities_and_audio_url_parts():
+    """vLLM-Omni's clients ask for `modalities: ["audio"]` (answered as text and audio: OpenAI's
+    answer with audio carries its text as the transcript) and send recordings as `audio_url`
+    parts, which the media step turns into the `input_audio` parts the pipelines take."""
+    import asyncio
+
+    from client.speech_api.errors import from_triton
+    from client.speech_api.media_fetch import FetchPolicy, fetch_message_media
+
+    url = "data:audio/wav;base64,UklGRg=="
+    body = {"model": "chatty", "modalities": ["audio"], "audio": {"voice": "ethan", "format": "wav"},
+            "messages": [{"role": "user", "content": [{"type": "audio_url", "audio_url": {"url": url}}]},
+                         {"role": "assistant", "content": "Heard."},
+                         {"role": "user", "content": [{"type": "audio_url", "audio_url": url},
+                                                      {"type": "text", "text": "And this?"}]}]}
+    req = parse_chat_body(body)
+    assert req.audio and req.voice == "ethan"
+    req.audio_url_parts = asyncio.run(fetch_message_media(
+        [(i, m["content"]) for i, m in enumerate(req.history)] + [(len(req.history), req.parts)], FetchPolicy()))
+    assert req.audio_url_parts == ("messages[0].content[0]", "messages[2].content[0]")
+    catalog = json.loads(CATALOG)
+    catalog["params"].append({"name": "content", "type": "list"})   # the new message's media parts
+    triton = build_chat_params(req, describe_pipeline("chatty", json.dumps(catalog)))
+    assert triton.params["messages"][0]["content"] == [{"type": "input_audio", "input_audio": {"data": url}}]
+    assert triton.params["content"] == [{"type": "input_audio", "input_audio": {"data": url}},
+                                        {"type": "text", "text": "And this?"}]
+    assert "return_audio" not in triton.params and triton.params["speaker"] == "ethan"
+    # the entry's complaint about the recording names the part as the client sent it
+    bad = chat_error(from_triton("invalid_request: content[0].input_audio.data: too short"), triton)
+    assert bad.param == "messages[2].content[0].audio_url.url"
+    assert bad.message.startswith("messages[2].content[0].audio_url.url: too short")
+    earlier = chat_error(from_triton("invalid_request: messages[0].content[0].input_audio.data: bad"), triton)
+    assert earlier.param == "messages[0].content[0].audio_url.url"
+
+
 def test_temperature_zero_is_greedy_and_stock_voices_mean_the_default():
     _, triton = build(temperature=0, modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})
     assert triton.params == {"do_sample": False}
@@ -92,7 +127,8 @@ def test_temperature_zero_is_greedy_and_stock_voices_mean_the_default():
     ({"logprobs": True}, "logprobs"), ({"stop": "x"}, "stop"), ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"response_format": {"type": "json_schema"}}, "response_format"), ({"store": True}, "store"),
     ({"reasoning_effort": "low"}, "reasoning_effort"),
-    ({"modalities": ["audio"]}, "modalities"), ({"modalities": ["text", "video"]}, "modalities"),
+    ({"modalities": ["audio", "audio"]}, "modalities"), ({"modalities": ["text", "video"]}, "modalities"),
+    ({"modalities": ["audio"]}, "audio"),
     ({"modalities": ["text", "audio"]}, "audio"),
     ({"modalities": ["text", "audio"], "audio": {"voice": "ethan"}}, "audio.format"),
     ({"modalities": ["text", "audio"], "audio": {"format": "wav"}}, "audio.voice"),
@@ -121,6 +157,13 @@ def test_temperature_zero_is_greedy_and_stock_voices_mean_the_default():
      "messages[0].content[0].image_url.url"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x", "detail": "max"}}]}]},
      "messages[0].content[0].image_url.detail"),
+    ({"messages": [{"role": "user", "content": [{"type": "audio_url", "audio_url": {"url": 5}}]}]},
+     "messages[0].content[0].audio_url.url"),
+    ({"messages": [{"role": "user", "content": [{"type": "audio_url", "audio_url": {"url": "x", "fps": 2}}]}]},
+     "messages[0].content[0].audio_url.fps"),
+    ({"messages": [{"role": "user", "content": [{"type": "audio_url"}]}]}, "messages[0].content[0].audio_url"),
+    ({"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}]},
+     "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "file", "file": {}}]}]}, "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": "x\ud800"}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": "x", "tool_call_id": "1"}]}, "messages[0].tool_call_id"),

@@ -16,6 +16,9 @@ from client.speech_api.media_fetch import FetchPolicy, fetch_message_media
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 
 
+WAV = b"RIFF$\0\0\0WAVEfmt \x10\0\0\0\x01\0\x01\0\x80>\0\0\0}\0\0\x02\0\x10\0data\0\0\0\0"
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
@@ -32,6 +35,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         routes = {
             "/cat.png": lambda: self._send(200, "image/png", PNG),
+            "/hello.wav": lambda: self._send(200, "audio/wav", WAV),
             "/redirect": lambda: self._send(302, "text/plain", b"", {"Location": "/cat.png"}),
             "/loop": lambda: self._send(302, "text/plain", b"", {"Location": "/loop"}),
             "/page": lambda: self._send(200, "text/html", b"<html></html>"),
@@ -103,3 +107,20 @@ def test_subdomain_patterns():
     policy = FetchPolicy(allowed_hosts=("*.example.com", "cdn.test"))
     assert policy.host_allowed("a.example.com") and policy.host_allowed("cdn.test")
     assert not policy.host_allowed("example.com.evil.org") and not policy.host_allowed("evilexample.com")
+
+
+def test_an_audio_url_becomes_an_input_audio_part(site):
+    """vLLM's `audio_url` parts: fetched as images are (an audio/* answer only), then sent on as
+    the `input_audio` part the pipelines take; a data URL is sent on as it is."""
+    part = {"type": "audio_url", "audio_url": {"url": f"{site}/hello.wav"}}
+    where = asyncio.run(fetch_message_media([(0, [part])], LOCAL))
+    assert where == ("messages[0].content[0]",)
+    assert part == {"type": "input_audio", "input_audio": {"data": "data:audio/wav;base64," + base64.b64encode(WAV).decode()}}
+    data = {"type": "audio_url", "audio_url": {"url": "data:audio/ogg;base64,T2dnUw=="}}
+    asyncio.run(fetch_message_media([(0, [data])], FetchPolicy()))
+    assert data == {"type": "input_audio", "input_audio": {"data": "data:audio/ogg;base64,T2dnUw=="}}
+    for url, policy, message in ((f"{site}/cat.png", LOCAL, "is not audio"), (f"{site}/hello.wav", FetchPolicy(),
+                                                                               "fetches no URL")):
+        with pytest.raises(ApiError) as error:
+            asyncio.run(fetch_message_media([(0, [{"type": "audio_url", "audio_url": {"url": url}}])], policy))
+        assert error.value.param == "messages[0].content[0].audio_url.url" and message in error.value.message
