@@ -60,6 +60,8 @@ class PipelineInfo:
     catalog_default_voice: str | None = None
     # The catalog's `speaks`: false for a chat model whose checkpoint answers in text only.
     speaks: bool = True
+    # The catalog's `stop_token_ids`: each sampled stage's own stop tokens ({"thinker": (id, ...)}).
+    stop_token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def known(self) -> bool:
@@ -130,7 +132,14 @@ def describe_pipeline(name: str, catalog: str | None = None) -> PipelineInfo:
                         description=described.get("description", ""), params=tuple(described["params"]),
                         clones=bool(described.get("clones_voices")), chat=chat,
                         catalog_default_voice=described.get("default_voice") or None,
-                        speaks=described.get("speaks") is not False)
+                        speaks=described.get("speaks") is not False,
+                        stop_token_ids=_stop_token_ids(described.get("stop_token_ids")))
+
+
+def _stop_token_ids(value: Any) -> dict[str, tuple[int, ...]]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(stage): tuple(int(i) for i in ids) for stage, ids in value.items() if isinstance(ids, list)}
 
 
 def entry_pipeline_name(model_name: str, config: dict[str, Any]) -> str | None:

@@ -26,6 +26,8 @@ from typing import Any, Callable
 from client.speech_api.catalog import OPENAI_VOICES, PipelineInfo
 from client.speech_api.errors import ApiError, invalid_request
 from client.speech_api.field_checks import FIELD_NAME, check_param, clean_string
+from client.speech_api.stage_sampling import FIELD as STAGE_SAMPLING
+from client.speech_api.stage_sampling import apply_stage_sampling
 from omni_backend.adapters.base import shown
 
 # audio.format -> our encoder (client/speech_api/encoders); pcm16 is OpenAI's name for 24 kHz s16le.
@@ -68,6 +70,9 @@ NEUTRAL_FIELDS = {
     "user": (lambda v: v is None or isinstance(v, str), "must be a string"),
     "safety_identifier": (lambda v: v is None or isinstance(v, str), "must be a string"),
     "prompt_cache_key": (lambda v: v is None or isinstance(v, str), "must be a string"),
+    # vLLM-Omni's clients send it, empty; no video here, so no audio of a video either
+    "mm_processor_kwargs": (_neutral({}, {"use_audio_in_video": False}), "processor options are not supported "
+                            "(only {} or {\"use_audio_in_video\": false})"),
 }
 # PARAMS keys this route sets from OpenAI's fields; a body may not set them by their own name.
 MAPPED_PARAMS = {"messages": "messages", "system": "a system message first in messages",
@@ -510,6 +515,9 @@ def build_chat_params(req: ChatRequest, info: PipelineInfo) -> ChatTritonRequest
         put("seed", req.seed, "seed")
 
     for name, value in req.extensions.items():
+        if name == STAGE_SAMPLING:   # vLLM-Omni's per-stage sampling (stage_sampling.py)
+            apply_stage_sampling(value, info.stop_token_ids, req.audio, params, put)
+            continue
         if name in MAPPED_PARAMS:
             raise invalid_request(name, f"{name}: set by this route; use {MAPPED_PARAMS[name]}",
                                   code="unsupported_parameter")

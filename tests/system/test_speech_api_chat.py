@@ -249,6 +249,38 @@ def test_vllm_omni_client_body_is_answered(stack, client):
     assert e.value.param == "messages[0].content[0].audio_url.url", e.value
 
 
+def test_vllm_omni_example_client_request_equals_the_triton_stream(stack, client):
+    """vLLM-Omni's example Qwen3-Omni client: a system prompt, the recording as an audio_url, and
+    extra_body `sampling_params_list` (thinker, talker, code2wav; seeded sampling): the answer
+    equals Triton's stream of the same request with the thinker's and talker's fields by name."""
+    server, _ = stack
+    system = "You are Qwen, a virtual human capable of perceiving auditory and visual inputs."
+    data = _wav_b64(1.5)
+    thinker = {"temperature": 0.4, "top_p": 0.9, "top_k": 1, "max_tokens": 24, "repetition_penalty": 1.05,
+               "stop_token_ids": [151645], "seed": 42}
+    talker = {"temperature": 0.9, "top_k": 50, "max_tokens": 40, "seed": 42, "detokenize": False,
+              "repetition_penalty": 1.05, "stop_token_ids": [2150]}
+    code2wav = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 65536, "seed": 42, "detokenize": True,
+                "repetition_penalty": 1.1}
+    question = [{"type": "audio_url", "audio_url": {"url": f"data:audio/wav;base64,{data}"}},
+                {"type": "text", "text": "What is the content of this audio?"}]
+    answer = client.chat.completions.create(
+        model=MODEL, modalities=["audio"], audio={"voice": "alloy", "format": "pcm16"},
+        messages=[{"role": "system", "content": [{"type": "text", "text": system}]},
+                  {"role": "user", "content": question}],
+        extra_body={"sampling_params_list": [thinker, talker, code2wav]})
+    text, audio, _ = direct(server, "", {
+        "system": system, "content": [{"type": "input_audio", "input_audio": {"data": f"data:audio/wav;base64,{data}"}},
+                                      question[1]],
+        "do_sample": True, "temperature": 0.4, "top_p": 0.9, "top_k": 1, "max_tokens": 24,
+        "repetition_penalty": 1.05, "seed": 42, "talker_do_sample": True, "talker_temperature": 0.9,
+        "talker_top_k": 50, "talker_max_new_tokens": 40, "talker_repetition_penalty": 1.05})
+    said = answer.choices[0].message.audio
+    assert text and audio.size and said.transcript == text
+    np.testing.assert_allclose(np.frombuffer(base64.b64decode(said.data), "<i2").astype(np.float32) / 32768, audio,
+                               atol=QUANTUM)
+
+
 def test_a_recording_over_the_limit_is_a_400_saying_it(client):
     too_long = {"type": "input_audio", "input_audio": {"data": _wav_b64(121.0, 8000), "format": "wav"}}
     with pytest.raises(openai.BadRequestError) as e:

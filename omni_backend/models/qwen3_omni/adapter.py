@@ -110,9 +110,14 @@ class Qwen3OmniAdapter(TTSAdapter):
         params.append({"name": "content", "type": "list",
                        "help": "parts of the new message before TEXT (text, input_audio, image_url)"})
         # `chat`: TEXT is a user turn answered by the model (PARAMS `messages`: the turns before it)
-        # `speaks`: false when the checkpoint answers in text only
+        # `speaks`: false when the checkpoint answers in text only; `stop_token_ids`: where each
+        # sampled stage stops (a client may name them)
+        config = self.builder.config
+        stops = {"thinker": [config.im_end_token_id]}
+        if self.speaks:
+            stops["talker"] = [config.talker.codec_eos_token_id]
         return {"params": params, "voices": self.speakers, "default_voice": self.default_speaker(), "clones_voices": False,
-                "chat": True, "speaks": self.speaks}
+                "chat": True, "speaks": self.speaks, "stop_token_ids": stops}
 
     def validate(self, text: bytes | str, params: bytes | str | dict | None) -> dict[str, Any]:
         raw = params if isinstance(params, dict) else decode_params(params, self.max_params_bytes)
