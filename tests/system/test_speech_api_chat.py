@@ -256,19 +256,16 @@ def test_vllm_omni_example_client_request_equals_the_triton_stream(stack, client
     server, _ = stack
     system = "You are Qwen, a virtual human capable of perceiving auditory and visual inputs."
     data = _wav_b64(1.5)
-    thinker = {"temperature": 0.4, "top_p": 0.9, "top_k": 1, "max_tokens": 24, "repetition_penalty": 1.05,
-               "stop_token_ids": [151645], "seed": 42}
-    talker = {"temperature": 0.9, "top_k": 50, "max_tokens": 40, "seed": 42, "detokenize": False,
-              "repetition_penalty": 1.05, "stop_token_ids": [2150]}
-    code2wav = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 65536, "seed": 42, "detokenize": True,
-                "repetition_penalty": 1.1}
+    from tests.vllm_omni_requests import CODE2WAV, TALKER, THINKER
+
+    thinker, talker = {**THINKER, "max_tokens": 24}, {**TALKER, "max_tokens": 40}   # short answers
     question = [{"type": "audio_url", "audio_url": {"url": f"data:audio/wav;base64,{data}"}},
                 {"type": "text", "text": "What is the content of this audio?"}]
     answer = client.chat.completions.create(
         model=MODEL, modalities=["audio"], audio={"voice": "alloy", "format": "pcm16"},
         messages=[{"role": "system", "content": [{"type": "text", "text": system}]},
                   {"role": "user", "content": question}],
-        extra_body={"sampling_params_list": [thinker, talker, code2wav]})
+        extra_body={"sampling_params_list": [thinker, talker, CODE2WAV]})
     text, audio, _ = direct(server, "", {
         "system": system, "content": [{"type": "input_audio", "input_audio": {"data": f"data:audio/wav;base64,{data}"}},
                                       question[1]],

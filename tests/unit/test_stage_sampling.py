@@ -10,6 +10,7 @@ import pytest
 from client.speech_api.catalog import describe_pipeline
 from client.speech_api.chat_request import build_chat_params, parse_chat_body
 from client.speech_api.errors import ApiError
+from tests.vllm_omni_requests import CODE2WAV, TALKER, THINKER
 
 CATALOG = json.dumps({
     "chat": True, "sample_rate": 24000, "voices": ["ethan"], "stop_token_ids": {"thinker": [151645], "talker": [2150]},
@@ -21,13 +22,6 @@ CATALOG = json.dumps({
         ("talker_repetition_penalty", "float"), ("talker_max_new_tokens", "int"))]
     + [{"name": "top_p", "type": "float", "lo": 0.001, "hi": 1.0}]})
 INFO = describe_pipeline("omni", CATALOG)
-# vLLM-Omni's example client's list (examples/online_serving/qwen3_omni)
-THINKER = {"temperature": 0.4, "top_p": 0.9, "top_k": 1, "max_tokens": 16384, "repetition_penalty": 1.05,
-           "stop_token_ids": [151645], "seed": 42}
-TALKER = {"temperature": 0.9, "top_k": 50, "max_tokens": 4096, "seed": 42, "detokenize": False,
-          "repetition_penalty": 1.05, "stop_token_ids": [2150]}
-CODE2WAV = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 65536, "seed": 42, "detokenize": True,
-            "repetition_penalty": 1.1}
 AUDIO = {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
 
 
