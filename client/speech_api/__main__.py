@@ -9,6 +9,7 @@ import os
 import sys
 
 from client.speech_api.auth import ENV_VAR, load_api_keys
+from client.speech_api.catalog import parse_model_names
 from client.speech_api.config import ShimConfig, StreamLimits
 from client.speech_api.discovery import TritonService
 
@@ -37,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--default-pipeline", default=None,
                     help="pipeline behind tts-1, tts-1-hd and gpt-4o-mini-tts (default: the built-in "
                          "pipeline declared openai_default, the embedded English voice)")
+    ap.add_argument("--served-model-name", action="append", default=[], metavar="NAME=PIPELINE",
+                    help="another name a request's model may give a pipeline (repeatable), e.g. the checkpoint's "
+                         "hub id that clients written for vLLM send: Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice=qwen3_tts")
     ap.add_argument("--probe-interval", type=float, default=1.0, metavar="SECONDS",
                     help="how often each Triton is health-checked (default 1.0)")
     ap.add_argument("--voices-dir", default=None, metavar="DIR",
@@ -75,6 +79,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--fetch-max-bytes must be >= 1 and --fetch-timeout > 0")
     if args.fetch_allow_private and not args.fetch_allow_host:
         ap.error("--fetch-allow-private needs --fetch-allow-host (fetching is off without allowed hosts)")
+    try:
+        args.model_names = parse_model_names(args.served_model_name)
+    except ValueError as e:
+        ap.error(str(e))
     for spec in args.triton_service or []:
         try:
             TritonService.parse(spec)
@@ -120,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                         triton_services=services, resolve_interval_s=args.resolve_interval,
                         api_keys=load_api_keys(args.api_key),
                         max_streams_per_pipeline=args.max_streams_per_pipeline,
-                        default_pipeline=args.default_pipeline, probe_interval_s=args.probe_interval,
+                        default_pipeline=args.default_pipeline, model_names=args.model_names,
+                        probe_interval_s=args.probe_interval,
                         voices_dir=args.voices_dir, stream_limits=limits,
                         fetch=FetchPolicy(tuple(args.fetch_allow_host), args.fetch_allow_private,
                                           args.fetch_max_bytes, args.fetch_timeout))

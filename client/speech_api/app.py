@@ -37,7 +37,7 @@ class Shim:
     def __init__(self, config: ShimConfig):
         self.config = config
         self.api_keys = ApiKeys(config.api_keys)
-        self.catalog = Catalog(config.default_pipeline)
+        self.catalog = Catalog(config.default_pipeline, model_names=config.model_names)
         self.pool = TritonPool(config.tritons, self.catalog, probe_interval_s=config.probe_interval_s,
                                services=[TritonService.parse(s) for s in config.triton_services],
                                resolve_interval_s=config.resolve_interval_s)

@@ -156,9 +156,12 @@ class Catalog:
     """Pipelines seen on any Triton endpoint, plus the OpenAI model aliases."""
 
     def __init__(self, default_pipeline: str | None = None,
-                 describe: Callable[[str, str | None], PipelineInfo] = describe_pipeline):
-        """`default_pipeline`: behind OpenAI's model names; None: the one a family declares."""
+                 describe: Callable[[str, str | None], PipelineInfo] = describe_pipeline,
+                 model_names: dict[str, str] | None = None):
+        """`default_pipeline`: behind OpenAI's model names; None: the one a family declares.
+        `model_names`: other names of pipelines (--served-model-name), listed while it is served."""
         self.default_pipeline = default_pipeline or openai_default_pipeline()
+        self.model_names_given = dict(model_names or {})
         self._describe = describe
         self._pipelines: dict[str, PipelineInfo] = {}
         # Pipelines some endpoint serves, or served when it was last reachable (the pool keeps
@@ -180,15 +183,34 @@ class Catalog:
         return self._pipelines.get(name)
 
     def resolve(self, model: str) -> str | None:
-        """The pipeline a request's `model` names (a pipeline, or an OpenAI alias)."""
+        """The pipeline a request's `model` names (a pipeline, a served model name, or an OpenAI
+        alias)."""
         if self._live(model):
             return model
+        named = self.model_names_given.get(model)
+        if named is not None:
+            return named if self._live(named) else None
         if model in OPENAI_MODEL_ALIASES and self._live(self.default_pipeline):
             return self.default_pipeline
         return None
 
     def model_names(self) -> list[str]:
         names = sorted(self.pipelines())
+        names += sorted(n for n, p in self.model_names_given.items() if self._live(p) and n not in names)
         if self._live(self.default_pipeline):
-            names += list(OPENAI_MODEL_ALIASES)
+            names += [n for n in OPENAI_MODEL_ALIASES if n not in self.model_names_given]
         return names
+
+
+def parse_model_names(specs: list[str]) -> dict[str, str]:
+    """`--served-model-name NAME=PIPELINE` values -> {name: pipeline}; ValueError names the bad one."""
+    names: dict[str, str] = {}
+    for spec in specs:
+        name, sep, pipeline = spec.rpartition("=")
+        name, pipeline = name.strip(), pipeline.strip()
+        if not sep or not name or not pipeline:
+            raise ValueError(f"--served-model-name {spec!r}: expected NAME=PIPELINE")
+        if names.get(name, pipeline) != pipeline:
+            raise ValueError(f"--served-model-name: {name!r} names both {names[name]!r} and {pipeline!r}")
+        names[name] = pipeline
+    return names

@@ -26,6 +26,7 @@ class ShimConfig:
     api_keys: tuple[str, ...] = ()
     max_streams_per_pipeline: int = 0       # 0: no limit in the shim (Triton still has its own)
     default_pipeline: str | None = None     # what tts-1, tts-1-hd and gpt-4o-mini-tts mean (None: the declared one)
+    model_names: dict[str, str] = field(default_factory=dict)   # --served-model-name: name -> pipeline
     probe_interval_s: float = 1.0
     retry_after_s: float = 1.0
     stream_limits: StreamLimits = field(default_factory=StreamLimits)

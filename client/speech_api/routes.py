@@ -45,7 +45,8 @@ async def _resolve(request: Request, model: str) -> str:
     if pipeline is None:
         if not shim.pool.any_healthy():
             raise no_backend("No Triton server is reachable", shim.config.retry_after_s * 2)
-        known = shim.catalog.default_pipeline if model in OPENAI_MODEL_ALIASES else model
+        known = shim.catalog.model_names_given.get(model) or (
+            shim.catalog.default_pipeline if model in OPENAI_MODEL_ALIASES else model)
         if known in shim.pool.unserved():   # served before, being restarted now: come back soon
             raise no_backend(f"The model '{model}' is restarting; retry shortly", shim.config.retry_after_s * 2)
         raise model_not_found(model, shim.catalog.model_names())

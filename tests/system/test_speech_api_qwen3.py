@@ -117,3 +117,38 @@ def test_a_request_that_ends_before_its_first_frame_answers_a_whole_body(shim, v
         if fmt == "wav":
             assert len(data) == 44 and data[:4] == b"RIFF"
 
+
+
+@pytest.fixture(scope="module")
+def named_shim(triton, tmp_path_factory):
+    """A shim that also answers to the hub ids that clients written for vLLM(-Omni) send."""
+    from client.speech_api.process import ShimProcess
+
+    shim = ShimProcess([triton.grpc_url], log_path=tmp_path_factory.mktemp("named_shim") / "shim.log",
+                       extra_args=["--served-model-name", f"{HUB_ID}={MODEL}",
+                                   "--served-model-name", "Qwen/Not-Served=no_such_pipeline"])
+    shim.start()
+    try:
+        yield shim
+    finally:
+        shim.stop()
+
+
+HUB_ID = "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"
+
+
+def test_a_served_model_name_answers_as_its_pipeline(named_shim, voices):
+    """vLLM-Omni's example speech client posts the checkpoint's hub id as `model` (with `voice:
+    Vivian`, `task_type`, `language`): with --served-model-name it is the pipeline's request, byte
+    for byte; it is listed while its pipeline is served, and a name for a pipeline no server has
+    is a 404 like any unknown model."""
+    body = {"input": "Hello, how are you?", "voice": "Vivian", "response_format": "wav", "task_type": "CustomVoice",
+            "language": "English", "max_new_tokens": FRAMES, "seed": 3}
+    named = httpx.post(f"{named_shim.url}/v1/audio/speech", json={"model": HUB_ID, **body}, timeout=120)
+    plain = httpx.post(f"{named_shim.url}/v1/audio/speech", json={"model": MODEL, **body}, timeout=120)
+    assert named.status_code == 200, named.text[:300]
+    assert named.content == plain.content and named.headers["x-omni-model"] == MODEL
+    listed = {m["id"]: m["pipeline"] for m in httpx.get(f"{named_shim.url}/v1/models").json()["data"]}
+    assert listed[HUB_ID] == MODEL and "Qwen/Not-Served" not in listed
+    missing = httpx.post(f"{named_shim.url}/v1/audio/speech", json={"model": "Qwen/Not-Served", **body})
+    assert missing.status_code == 404

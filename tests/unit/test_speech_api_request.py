@@ -139,6 +139,25 @@ def test_catalog_aliases(hibari):
     assert catalog.model_names() == ["hibari", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
 
 
+def test_served_model_names():
+    """--served-model-name NAME=PIPELINE: the name resolves while its pipeline is served, is
+    listed then, and may take over an OpenAI alias; a bad spec names itself."""
+    from client.speech_api.catalog import parse_model_names
+
+    names = parse_model_names(["Org/Model-1.7B=hibari", " tts-1 = qwen3 ", "Org/Gone=gone"])
+    assert names == {"Org/Model-1.7B": "hibari", "tts-1": "qwen3", "Org/Gone": "gone"}
+    catalog = Catalog("hibari", describe=lambda name, path: PipelineInfo(name=name), model_names=names)
+    catalog.learn("hibari", None)
+    assert [catalog.resolve(m) for m in ("Org/Model-1.7B", "tts-1", "tts-1-hd", "Org/Gone")] == \
+        ["hibari", None, "hibari", None]
+    assert catalog.model_names() == ["hibari", "Org/Model-1.7B", "tts-1-hd", "gpt-4o-mini-tts"]
+    catalog.learn("qwen3", None)
+    assert catalog.resolve("tts-1") == "qwen3" and "tts-1" in catalog.model_names()
+    for bad in (["nothing"], ["=hibari"], ["x="], ["a=b", "a=c"]):
+        with pytest.raises(ValueError, match="--served-model-name"):
+            parse_model_names(bad)
+
+
 def test_vllm_omni_benchmark_body():
     """What `vllm-omni bench serve --backend openai-audio-speech` posts: no voice, `stream`,
     `stream_format: audio`, `ignore_eos`."""
