@@ -70,8 +70,8 @@ def apply_stage_sampling(value: Any, stop_token_ids: dict[str, tuple[int, ...]],
                     raise invalid_request(where, f"{where}: must be true or false")
             elif key == "seed" and v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise invalid_request(where, f"{where}: must be an integer")
-            elif v is not None:
-                _number(v, where)
+            elif v is not None and _number(v, where) < 0 and key == "temperature":
+                raise invalid_request(where, f"{where}: must be >= 0 (0: greedy)")
         if stage not in NAMES or (stage == "talker" and not audio):
             continue   # a stage this request does not run, or code2wav: nothing to sample
         for key, v in entry.items():
@@ -80,13 +80,11 @@ def apply_stage_sampling(value: Any, stop_token_ids: dict[str, tuple[int, ...]],
                 continue
             if key == "temperature":
                 sample, temperature = TEMPERATURE[stage]
-                _set(put, given, sample, _number(v, where) > 0, where)
+                _set(put, given, sample, v > 0, where)
                 if v > 0:
                     _set(put, given, temperature, v, where)
             elif key == "top_k":
                 _set(put, given, NAMES[stage][key], 0 if v == -1 else v, where)   # vLLM's -1: off
-            elif key == "seed":
-                _set(put, given, "seed", v, where)
             else:
                 _set(put, given, NAMES[stage][key], v, where)
 

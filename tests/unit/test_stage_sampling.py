@@ -62,6 +62,7 @@ def test_the_example_clients_list_maps_to_the_stages():
     ([{"detokenize": False}], "sampling_params_list[0].detokenize", "returns text"),
     ([{}, {"detokenize": True}], "sampling_params_list[1].detokenize", "returns codes"),
     ([{"temperature": "hot"}], "sampling_params_list[0].temperature", "must be a number"),
+    ([{}, {"temperature": -1}], "sampling_params_list[1].temperature", "must be >= 0"),
     ([{"seed": 1.5}], "sampling_params_list[0].seed", "must be an integer"),
     ([{"top_p": 7}], "sampling_params_list[0].top_p", "top_p"),
     ([{"temperature": 0.9}], "sampling_params_list[0].temperature", "differs from the temperature"),
