@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "pipeline declared openai_default, the embedded English voice)")
     ap.add_argument("--served-model-name", action="append", default=[], metavar="NAME=PIPELINE",
                     help="another name a request's model may give a pipeline (repeatable), e.g. the checkpoint's "
-                         "hub id that clients written for vLLM send: Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice=qwen3_tts")
+                         "hub id that clients written for vLLM send: Org/Model-Name=PIPELINE")
     ap.add_argument("--probe-interval", type=float, default=1.0, metavar="SECONDS",
                     help="how often each Triton is health-checked (default 1.0)")
     ap.add_argument("--voices-dir", default=None, metavar="DIR",

@@ -60,8 +60,9 @@ class PipelineInfo:
     catalog_default_voice: str | None = None
     # The catalog's `speaks`: false for a chat model whose checkpoint answers in text only.
     speaks: bool = True
-    # The catalog's `stop_token_ids`: each sampled stage's own stop tokens ({"thinker": (id, ...)}).
-    stop_token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # The catalog's `stage_sampling`: per stage, what a client's per-stage sampling list sets
+    # (client/speech_api/stage_sampling.py); empty: the pipeline takes no such list.
+    stage_sampling: tuple[dict, ...] = ()
 
     @property
     def known(self) -> bool:
@@ -133,13 +134,7 @@ def describe_pipeline(name: str, catalog: str | None = None) -> PipelineInfo:
                         clones=bool(described.get("clones_voices")), chat=chat,
                         catalog_default_voice=described.get("default_voice") or None,
                         speaks=described.get("speaks") is not False,
-                        stop_token_ids=_stop_token_ids(described.get("stop_token_ids")))
-
-
-def _stop_token_ids(value: Any) -> dict[str, tuple[int, ...]]:
-    if not isinstance(value, dict):
-        return {}
-    return {str(stage): tuple(int(i) for i in ids) for stage, ids in value.items() if isinstance(ids, list)}
+                        stage_sampling=tuple(d for d in described.get("stage_sampling") or () if isinstance(d, dict)))
 
 
 def entry_pipeline_name(model_name: str, config: dict[str, Any]) -> str | None:

@@ -516,7 +516,7 @@ def build_chat_params(req: ChatRequest, info: PipelineInfo) -> ChatTritonRequest
 
     for name, value in req.extensions.items():
         if name == STAGE_SAMPLING:   # vLLM-Omni's per-stage sampling (stage_sampling.py)
-            apply_stage_sampling(value, info.stop_token_ids, req.audio, params, put)
+            apply_stage_sampling(value, info.stage_sampling, req.audio, params, put)
             continue
         if name in MAPPED_PARAMS:
             raise invalid_request(name, f"{name}: set by this route; use {MAPPED_PARAMS[name]}",

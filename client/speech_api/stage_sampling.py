@@ -1,14 +1,13 @@
 """vLLM-Omni's `sampling_params_list` on a chat body -> the chat pipeline's own parameters.
 
-vLLM-Omni's clients send one vLLM `SamplingParams` object per stage, in stage order: the thinker's,
-the talker's, the code2wav's (its clients always send all three). Here the thinker's become the
-thinker's sampling fields (`temperature`, `top_p`, `top_k`, `max_tokens`, `repetition_penalty`,
-`seed`), the talker's the `talker_*` ones, when the request asks for audio. `stop_token_ids` may
-name only the model's own stop tokens (the catalog's `stop_token_ids`: every answer stops there
-anyway), `detokenize` only what the stage does (the thinker's text is returned, the talker's codes
-are not). A stage the request does not run (the talker and code2wav of a text answer; code2wav
-always: it draws no samples) has its entry checked and not used, as in vLLM-Omni. Anything else is
-a 400 naming `sampling_params_list[i].<key>`.
+vLLM-Omni's clients send one vLLM `SamplingParams` object per stage, in stage order. What each
+entry may set comes from the pipeline's catalog (`stage_sampling`, written by its adapter): per
+stage, its name, the request field each vLLM key sets (`fields`; `temperature` 0 sets the
+`do_sample` field false, vLLM's `top_k` -1 is 0, off), its own stop tokens (`stop_token_ids` may
+name only those: every answer stops there anyway), what it returns (`detokenize` may only say
+that), and whether only a request that asks for audio runs it (`audio_only`). The entry of a stage
+the request does not run, or of one that samples nothing (no `fields`), is checked and not used,
+as in vLLM-Omni. Anything else is a 400 naming `sampling_params_list[i].<key>`.
 """
 from __future__ import annotations
 
@@ -16,77 +15,68 @@ from typing import Any, Callable
 
 from client.speech_api.errors import invalid_request
 
-__all__ = ["apply_stage_sampling"]
+__all__ = ["FIELD", "apply_stage_sampling"]
 
 FIELD = "sampling_params_list"
-STAGES = ("thinker", "talker", "code2wav")
 KEYS = ("temperature", "top_p", "top_k", "max_tokens", "repetition_penalty", "seed", "stop_token_ids", "detokenize")
-# vLLM key -> the pipeline parameter, per sampled stage ("seed" is one for both models)
-NAMES = {
-    "thinker": {"top_p": "top_p", "top_k": "top_k", "max_tokens": "max_tokens",
-                "repetition_penalty": "repetition_penalty", "seed": "seed"},
-    "talker": {"top_p": "talker_top_p", "top_k": "talker_top_k", "max_tokens": "talker_max_new_tokens",
-               "repetition_penalty": "talker_repetition_penalty", "seed": "seed"},
-}
-TEMPERATURE = {"thinker": ("do_sample", "temperature"), "talker": ("talker_do_sample", "talker_temperature")}
-DETOKENIZED = {"thinker": True, "talker": False}   # what the stage returns: text, or codes
+CHECKED_ONLY = ("stop_token_ids", "detokenize")   # conditions of what the stage does anyway
 
 
-def _number(value: Any, at: str) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise invalid_request(at, f"{at}: must be a number")
-    return value
-
-
-def apply_stage_sampling(value: Any, stop_token_ids: dict[str, tuple[int, ...]], audio: bool,
-                         given: dict[str, Any], put: Callable[[str, Any, str], None]) -> None:
-    """Check ``value`` (the body's `sampling_params_list`) and ``put(param, value, field)`` what it
-    sets; ``given`` holds the parameters set so far, which ``put`` adds to (a value set two ways
-    must agree)."""
-    if not isinstance(value, list) or not 1 <= len(value) <= len(STAGES):
-        raise invalid_request(FIELD, f"{FIELD}: must be a list of up to {len(STAGES)} objects, one per stage "
-                                     f"({', '.join(STAGES)})")
-    for i, entry in enumerate(value):
-        stage, at = STAGES[i], f"{FIELD}[{i}]"
+def apply_stage_sampling(value: Any, stages: tuple[dict, ...], audio: bool, given: dict[str, Any],
+                         put: Callable[[str, Any, str], None]) -> None:
+    """Check ``value`` (the body's `sampling_params_list`) against the catalog's ``stages`` and
+    ``put(param, value, field)`` what it sets; ``given`` holds the parameters set so far, which
+    ``put`` adds to (a value set two ways must agree)."""
+    if not stages:
+        raise invalid_request(FIELD, f"{FIELD}: this model takes no per-stage sampling", code="unknown_parameter")
+    names = ", ".join(str(s.get("stage")) for s in stages)
+    if not isinstance(value, list) or not 1 <= len(value) <= len(stages):
+        raise invalid_request(FIELD, f"{FIELD}: must be a list of up to {len(stages)} objects, one per stage ({names})")
+    for i, (entry, stage) in enumerate(zip(value, stages)):
+        at = f"{FIELD}[{i}]"
         if not isinstance(entry, dict):
-            raise invalid_request(at, f"{at}: must be an object of sampling parameters (the {stage}'s)")
+            raise invalid_request(at, f"{at}: must be an object of sampling parameters (the {stage['stage']}'s)")
         for key, v in entry.items():
-            where = f"{at}.{key}"
-            if key not in KEYS:
-                raise invalid_request(at, f"{at}: {key!r} is not supported; the {stage}'s entry takes "
-                                          f"{', '.join(KEYS)}", code="unsupported_parameter")
-            if key == "stop_token_ids":
-                own = stop_token_ids.get(stage, ())
-                if not isinstance(v, list) or any(isinstance(t, bool) or not isinstance(t, int) or t not in own
-                                                  for t in v):
-                    raise invalid_request(where, f"{where}: only the {stage}'s own stop tokens "
-                                                 f"({list(own)}) are supported")
-            elif key == "detokenize":
-                if stage in DETOKENIZED and v is not DETOKENIZED[stage]:
-                    raise invalid_request(where, f"{where}: the {stage} returns "
-                                                 f"{'text' if DETOKENIZED[stage] else 'codes'}: only "
-                                                 f"{str(DETOKENIZED[stage]).lower()}")
-                if not isinstance(v, bool):
-                    raise invalid_request(where, f"{where}: must be true or false")
-            elif key == "seed" and v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                raise invalid_request(where, f"{where}: must be an integer")
-            elif v is not None and _number(v, where) < 0 and key == "temperature":
-                raise invalid_request(where, f"{where}: must be >= 0 (0: greedy)")
-        if stage not in NAMES or (stage == "talker" and not audio):
-            continue   # a stage this request does not run, or code2wav: nothing to sample
+            _check(stage, f"{at}.{key}", key, v, at)
+        fields = stage.get("fields") or {}
+        if not fields or (stage.get("audio_only") and not audio):
+            continue   # a stage that samples nothing, or that this request does not run
         for key, v in entry.items():
-            where = f"{at}.{key}"
-            if v is None or key in ("stop_token_ids", "detokenize"):
+            if v is None or key in CHECKED_ONLY:
                 continue
+            where = f"{at}.{key}"
             if key == "temperature":
-                sample, temperature = TEMPERATURE[stage]
-                _set(put, given, sample, v > 0, where)
+                _set(put, given, fields["do_sample"], v > 0, where)
                 if v > 0:
-                    _set(put, given, temperature, v, where)
-            elif key == "top_k":
-                _set(put, given, NAMES[stage][key], 0 if v == -1 else v, where)   # vLLM's -1: off
+                    _set(put, given, fields["temperature"], v, where)
             else:
-                _set(put, given, NAMES[stage][key], v, where)
+                _set(put, given, fields[key], 0 if key == "top_k" and v == -1 else v, where)
+
+
+def _check(stage: dict, where: str, key: str, v: Any, at: str) -> None:
+    if key not in KEYS:
+        raise invalid_request(at, f"{at}: {key!r} is not supported; the {stage['stage']}'s entry takes "
+                                  f"{', '.join(KEYS)}", code="unsupported_parameter")
+    if key == "stop_token_ids":
+        own = list(stage.get("stop_token_ids") or ())
+        if not isinstance(v, list) or any(isinstance(t, bool) or not isinstance(t, int) or t not in own for t in v):
+            raise invalid_request(where, f"{where}: only the {stage['stage']}'s own stop tokens ({own}) are supported")
+    elif key == "detokenize":
+        if not isinstance(v, bool):
+            raise invalid_request(where, f"{where}: must be true or false")
+        if "detokenize" in stage and v is not stage["detokenize"]:
+            raise invalid_request(where, f"{where}: the {stage['stage']} returns "
+                                         f"{'text' if stage['detokenize'] else 'no text'}: only "
+                                         f"{str(stage['detokenize']).lower()}")
+    elif v is None:
+        return
+    elif key == "seed":
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise invalid_request(where, f"{where}: must be an integer")
+    elif isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise invalid_request(where, f"{where}: must be a number")
+    elif key == "temperature" and v < 0:
+        raise invalid_request(where, f"{where}: must be >= 0 (0: greedy)")
 
 
 def _set(put: Callable[[str, Any, str], None], given: dict[str, Any], name: str, value: Any, where: str) -> None:

@@ -13,7 +13,17 @@ from client.speech_api.errors import ApiError
 from tests.vllm_omni_requests import CODE2WAV, TALKER, THINKER
 
 CATALOG = json.dumps({
-    "chat": True, "sample_rate": 24000, "voices": ["ethan"], "stop_token_ids": {"thinker": [151645], "talker": [2150]},
+    "chat": True, "sample_rate": 24000, "voices": ["ethan"],
+    # what the Qwen3-Omni adapter declares (its stage_sampling)
+    "stage_sampling": [
+        {"stage": "thinker", "stop_token_ids": [151645], "detokenize": True,
+         "fields": {k: k for k in ("temperature", "do_sample", "top_p", "top_k", "max_tokens", "repetition_penalty",
+                                   "seed")}},
+        {"stage": "talker", "audio_only": True, "detokenize": False, "stop_token_ids": [2150],
+         "fields": {"temperature": "talker_temperature", "do_sample": "talker_do_sample", "top_p": "talker_top_p",
+                    "top_k": "talker_top_k", "max_tokens": "talker_max_new_tokens",
+                    "repetition_penalty": "talker_repetition_penalty", "seed": "seed"}},
+        {"stage": "code2wav"}],
     "params": [{"name": n, "type": t} for n, t in (
         ("messages", "list"), ("system", "str"), ("speaker", "str"), ("return_audio", "bool"), ("max_tokens", "int"),
         ("do_sample", "bool"), ("temperature", "float"), ("top_k", "int"),
@@ -60,7 +70,7 @@ def test_the_example_clients_list_maps_to_the_stages():
     ([{"stop_token_ids": [151643]}], "sampling_params_list[0].stop_token_ids", "own stop tokens ([151645])"),
     ([{}, {"stop_token_ids": [151645]}], "sampling_params_list[1].stop_token_ids", "own stop tokens ([2150])"),
     ([{"detokenize": False}], "sampling_params_list[0].detokenize", "returns text"),
-    ([{}, {"detokenize": True}], "sampling_params_list[1].detokenize", "returns codes"),
+    ([{}, {"detokenize": True}], "sampling_params_list[1].detokenize", "returns no text"),
     ([{"temperature": "hot"}], "sampling_params_list[0].temperature", "must be a number"),
     ([{}, {"temperature": -1}], "sampling_params_list[1].temperature", "must be >= 0"),
     ([{"seed": 1.5}], "sampling_params_list[0].seed", "must be an integer"),
@@ -82,3 +92,22 @@ def test_the_example_curl_scripts_empty_processor_options_pass():
     assert params(mm_processor_kwargs={}, modalities=None) == {"return_audio": False}
     assert params(mm_processor_kwargs={"use_audio_in_video": False}) == {"return_audio": False}
     assert error(mm_processor_kwargs={"use_audio_in_video": True}).param == "mm_processor_kwargs"
+
+
+def test_a_model_without_stages_to_sample_refuses_the_list():
+    plain = describe_pipeline("plain", json.dumps({"chat": True, "params": [{"name": "messages", "type": "list"}]}))
+    req = parse_chat_body({"model": "plain", "messages": [{"role": "user", "content": "Hi"}],
+                           "sampling_params_list": [THINKER]})
+    with pytest.raises(ApiError) as e:
+        build_chat_params(req, plain)
+    assert e.value.param == "sampling_params_list" and "no per-stage sampling" in e.value.message
+
+
+def test_the_adapters_declaration_is_what_the_list_maps_to(tmp_path):
+    """The Qwen3-Omni adapter's `stage_sampling` (in the committed repository's catalog) is the one
+    these tests use, ids taken from its checkpoint."""
+    from ensemble_builder.build import catalog
+    from omni_backend.families import get_pipeline
+
+    described = json.loads(catalog(get_pipeline("qwen3_omni_tiny_random"), "builtin:qwen3_omni_tiny_random"))
+    assert described["stage_sampling"] == json.loads(CATALOG)["stage_sampling"]

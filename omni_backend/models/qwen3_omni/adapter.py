@@ -110,14 +110,26 @@ class Qwen3OmniAdapter(TTSAdapter):
         params.append({"name": "content", "type": "list",
                        "help": "parts of the new message before TEXT (text, input_audio, image_url)"})
         # `chat`: TEXT is a user turn answered by the model (PARAMS `messages`: the turns before it)
-        # `speaks`: false when the checkpoint answers in text only; `stop_token_ids`: where each
-        # sampled stage stops (a client may name them)
-        config = self.builder.config
-        stops = {"thinker": [config.im_end_token_id]}
-        if self.speaks:
-            stops["talker"] = [config.talker.codec_eos_token_id]
+        # `speaks`: false when the checkpoint answers in text only; `stage_sampling`: what a
+        # client's per-stage sampling list (vLLM-Omni's) sets here
         return {"params": params, "voices": self.speakers, "default_voice": self.default_speaker(), "clones_voices": False,
-                "chat": True, "speaks": self.speaks, "stop_token_ids": stops}
+                "chat": True, "speaks": self.speaks, "stage_sampling": self.stage_sampling()}
+
+    def stage_sampling(self) -> list[dict[str, Any]]:
+        """Per stage, in order: the request fields its vLLM sampling keys set, its stop tokens,
+        whether it returns text (`detokenize`), whether only a spoken answer runs it; code2wav
+        samples nothing."""
+        config = self.builder.config
+        thinker = {"stage": "thinker", "stop_token_ids": [config.im_end_token_id], "detokenize": True,
+                   "fields": {"temperature": "temperature", "do_sample": "do_sample", "top_p": "top_p",
+                              "top_k": "top_k", "max_tokens": "max_tokens", "repetition_penalty": "repetition_penalty",
+                              "seed": "seed"}}
+        talker = {"stage": "talker", "audio_only": True, "detokenize": False,
+                  "stop_token_ids": [config.talker.codec_eos_token_id] if self.speaks else [],
+                  "fields": {"temperature": "talker_temperature", "do_sample": "talker_do_sample",
+                             "top_p": "talker_top_p", "top_k": "talker_top_k", "max_tokens": "talker_max_new_tokens",
+                             "repetition_penalty": "talker_repetition_penalty", "seed": "seed"}}
+        return [thinker, talker, {"stage": "code2wav"}]
 
     def validate(self, text: bytes | str, params: bytes | str | dict | None) -> dict[str, Any]:
         raw = params if isinstance(params, dict) else decode_params(params, self.max_params_bytes)
