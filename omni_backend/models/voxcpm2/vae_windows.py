@@ -4,8 +4,8 @@ The lm stage streams LATENTS [frames, D] (latent frames, ``P`` per patch); its f
 starts with the cloning recording's last patches (CONTEXT = their frame count, 0 otherwise), which
 the reference decodes before the new ones and cuts (non-streaming ``generate``). Windows: the
 first after ``initial_chunk_frames`` patches, then every ``chunk_frames`` patches (and the rest at
-the end), each with up to ``left_context_frames`` patches of left context (deploy
-``async_chunk``; it must cover the decoder's reach, :func:`.audio_vae.decoder_left_context`). The
+the end, whenever the lm finishes), each with up to ``left_context_frames`` patches of left
+context (deploy ``async_chunk``; it must cover the decoder's reach, :func:`.audio_vae.decoder_left_context`). The
 vae stage returns only the new frames' audio, so the chunks join to the reference's whole decode.
 """
 from __future__ import annotations
@@ -44,8 +44,11 @@ class VAEWindows(Transfer):
                     new_patches = (state["total"] - done) // p
                     first = done == state["context"]
                     want = chunk.initial_chunk_frames if first else chunk.chunk_frames
+                    # cuts depend on the patch count only, never on whether the lm has finished
+                    # yet: a window's length changes its audio's float rounding, so a request's
+                    # audio would depend on timing (full chunks first, then the rest)
                     if new_patches >= want or (reader.finished and state["total"] > done):
-                        take = state["total"] - done if reader.finished else want * p
+                        take = want * p if new_patches >= want else state["total"] - done
                         seq = np.concatenate(frames) if len(frames) > 1 else frames[0]
                         frames[:] = [seq]
                         left = min(chunk.left_context_frames * p, done)
