@@ -5,8 +5,9 @@ starts with the cloning recording's last patches (CONTEXT = their frame count, 0
 the reference decodes before the new ones and cuts (non-streaming ``generate``). Windows: the
 first after ``initial_chunk_frames`` patches, then every ``chunk_frames`` patches (and the rest at
 the end, whenever the lm finishes), each with up to ``left_context_frames`` patches of left
-context (deploy ``async_chunk``; it must cover the decoder's reach, :func:`.audio_vae.decoder_left_context`). The
-vae stage returns only the new frames' audio, so the chunks join to the reference's whole decode.
+context (deploy ``async_chunk``; it must cover the decoder's reach,
+:func:`.audio_vae.decoder_left_context`). The vae stage returns only the new frames' audio, so the
+chunks join to the reference's whole decode.
 """
 from __future__ import annotations
 
