@@ -122,7 +122,9 @@ class SpeechStreamClient:
                 if item.message is not None and item.message.get("type") == kind:
                     return item
             if self.closed is not None:
-                raise ConnectionError(f"connection closed before {kind}: {self.closed!r}")
+                errors = [r.message for r in self.received if r.message and r.message.get("type") == "error"]
+                said = f"; the server's last error: {errors[-1]}" if errors else ""
+                raise ConnectionError(f"connection closed before {kind}: {self.closed!r}{said}")
             self._arrived.clear()
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -426,15 +426,8 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
                 return
         complete = True   # the call ended: nothing is left to end
     except asyncio.CancelledError:
-        # grpc.aio reports a call cancelled by anyone (a closed channel, a failed request
-        # iterator) as CancelledError; only our own task's cancellation may propagate as one,
-        # otherwise it would escape every handler as a bare 500.
-        task = asyncio.current_task()
-        cancelling = getattr(task, "cancelling", None)   # Python >= 3.11
-        if cancelling is None or cancelling():
-            raise
         failed = True
-        raise TritonStreamError("unavailable: the gRPC stream to Triton was cancelled") from None
+        _raise_unless_ours("the gRPC stream to Triton was cancelled")
     except Exception:
         failed = True
         raise
@@ -443,6 +436,18 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
         # stream can have that id; otherwise (or when that fails) the call is cancelled
         await end_stream(responses, complete,
                          ask_to_end=ask_to_end if unique_id and not failed else None)
+
+
+def _raise_unless_ours(what: str) -> None:
+    """In an `except CancelledError`: grpc.aio reports a call cancelled by anyone (a closed
+    channel, a failed request iterator) as CancelledError; only our own task's cancellation may
+    propagate as one, otherwise it would escape every handler (a bare 500, a WebSocket utterance
+    that never ends)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)   # Python >= 3.11
+    if cancelling is None or cancelling():
+        raise
+    raise TritonStreamError(f"unavailable: {what}") from None
 
 
 async def next_watched(it: AsyncIterator, every_s: float, check: Callable[[], Awaitable[None]]) -> Any:
@@ -515,5 +520,7 @@ async def acontrol(client: Any, model: str, command: str, request_id: str, text:
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break
         complete = True
+    except asyncio.CancelledError:
+        _raise_unless_ours("the gRPC call to Triton was cancelled")
     finally:
         await end_stream(responses, complete)

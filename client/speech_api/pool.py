@@ -32,7 +32,7 @@ import itertools
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable
 
 import grpc
 import numpy as np
@@ -206,10 +206,20 @@ class PoolTextStream(PoolStream):
             yield chunk
 
     async def append(self, text: str) -> None:
-        await self.text.append(text)
+        await self._control(self.text.append(text))
 
     async def end(self) -> None:
-        await self.text.end()
+        await self._control(self.text.end())
+
+    async def _control(self, call: Awaitable[None]) -> None:
+        """An append's failure, coded as the audio's: the channel's own failure is a 503."""
+        try:
+            await call
+        except grpc.RpcError as e:
+            self.endpoint.mark_down(f"{e.code().name}: {e.details()}")
+            raise no_backend(f"Triton at {self.endpoint.url} went away while taking text") from None
+        except TritonStreamError as e:
+            raise from_triton(str(e)) from None
 
 
 class TritonPool:

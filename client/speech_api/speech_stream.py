@@ -146,19 +146,23 @@ class Utterance:
         if self.previous is not None:
             await self.previous.wait()
         try:
-            if self.config.split == "append":
-                await self._speak_appended()
-            else:
-                while (unit := await self.queue.get()) is not None:
-                    await self._speak_unit(unit)
+            try:
+                if self.config.split == "append":
+                    await self._speak_appended()
+                else:
+                    while (unit := await self.queue.get()) is not None:
+                        await self._speak_unit(unit)
+            except (ClientGone, SlowClient, asyncio.CancelledError):
+                raise
+            except Exception as e:  # noqa: BLE001 - told; the session goes on, and the utterance ends
+                await self.session.send_error(self._coded(e))
+                if not self.done_received:   # its session.done follows its input.done
+                    while await self.queue.get() is not None:
+                        pass
             await self.session.send_json({"type": "session.done", "utterance_index": self.index,
                                           "total_sentences": self.sentences})
         except (ClientGone, SlowClient) as e:
             self.session.stop(e)   # the whole session ends: the client is gone, or takes no audio
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - the session goes on; the client was told
-            log.exception("utterance %d failed", self.index)
 
     # -- one request per unit (none / sentence / clause)
     async def _speak_unit(self, text: str) -> None:
@@ -172,8 +176,10 @@ class Utterance:
             await admitted.open(text, request.params, prefer=self.session.home)
             self.session.home = admitted.stream.endpoint
             await self._send_audio(sentence, admitted, spoken)
-        except (ApiError, TritonStreamError) as e:
-            spoken.failed(e if isinstance(e, ApiError) else from_triton(str(e)), admitted.access)
+        except (ClientGone, SlowClient):
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure is told, and the utterance goes on
+            spoken.failed(self._coded(e), admitted.access)
             await self.session.send_error(spoken.error)
         finally:
             await admitted.close()
@@ -205,12 +211,14 @@ class Utterance:
             sender = asyncio.ensure_future(self._send_audio(0, admitted, spoken))
             # a piece Triton refused ends the utterance now, not when the pipeline gives up waiting for text
             await asyncio.wait({feeder, sender}, return_when=asyncio.FIRST_EXCEPTION)
-            if feeder.done() and feeder.exception() is not None:
+            if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
                 await feeder
             await sender
             await feeder
-        except (ApiError, TritonStreamError) as e:
-            spoken.failed(e if isinstance(e, ApiError) else from_triton(str(e)), admitted.access)
+        except (ClientGone, SlowClient):
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure is told, and the utterance goes on
+            spoken.failed(self._coded(e), admitted.access)
             await self.session.send_error(spoken.error)
         finally:
             unfinished = [t for t in (feeder, sender) if t is not None and not t.done()]
@@ -220,6 +228,18 @@ class Utterance:
             await admitted.close()
             self.session.log_access(admitted, spoken)
         await self._done_message(0, spoken.bytes, spoken.error is not None, text=self.text)
+
+    def _coded(self, error: Exception) -> ApiError:
+        """A unit's failure as the client is told it: ours and Triton's keep their code; anything
+        else is a bug, logged, and told as `internal` (before, it left the client without
+        audio.done or session.done until the idle timeout closed the session)."""
+        if isinstance(error, ApiError):
+            return error
+        if isinstance(error, TritonStreamError):
+            return from_triton(str(error))
+        log.error("utterance %d of session %s failed", self.index, self.session.session_id,
+                  exc_info=(type(error), error, error.__traceback__))
+        return internal(f"{type(error).__name__}: {error}")
 
     async def _feed(self, stream, first: str = "") -> None:
         """Pieces to Triton in order; those that arrive while one is on its way go together."""
@@ -398,6 +418,8 @@ class SpeechStreamSession:
                 pass
 
     async def _fail(self, error: ApiError) -> None:
+        """Tell the client why the session ends (it is closed after this)."""
+        log.info("speech stream session %s closed: %s", self.session_id, error.message)
         try:
             async with self._send_lock:
                 await asyncio.wait_for(self.ws.send({"type": "websocket.send",

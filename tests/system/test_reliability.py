@@ -404,6 +404,30 @@ def test_a_killed_entry_ends_every_client_stream_and_the_server_comes_back(own_s
             direct["asyncio"] = (chunks, error, time.monotonic())
         asyncio.run(run())
 
+    # a WebSocket session that appends text to a running Qwen3-TTS request while the server goes
+    # away: told with a coded error, audio.done and session.done, never left until the idle timeout
+    ws: dict = {}
+
+    def listen_ws() -> None:
+        from client.speech_stream_client import SpeechStreamClient, ws_url
+
+        async def run() -> None:
+            config = {"model": QWEN, "voice": "ryan", "split_granularity": "append", "response_format": "pcm",
+                      **LONG}
+            async with SpeechStreamClient(ws_url(shim.url), config) as session:
+                await session.send_text("Text that keeps coming ")
+                while "killed" not in ws or time.monotonic() - ws["killed"] < 3.0:
+                    await session.send_text("and coming ")
+                    await asyncio.sleep(0.1)
+                    if any(r.audio for r in session.received):
+                        ws["speaking"] = True
+                ws["utterance"] = await session.finish(timeout_s=30)
+            ws["ended"] = time.monotonic()
+        try:
+            asyncio.run(run())
+        except Exception as e:  # noqa: BLE001 - the assertion shows it
+            ws["failed"] = repr(e)
+
     def listen(i: int) -> None:
         body = {"model": "hibari", "voice": "heart", "input": HIBARI_LONG, "speed": 0.5,
                 "response_format": "pcm", "stream_format": "sse"}
@@ -416,7 +440,8 @@ def test_a_killed_entry_ends_every_client_stream_and_the_server_comes_back(own_s
     try:
         threads = [threading.Thread(target=listen, args=(i,), daemon=True) for i in range(2)]
         threads += [threading.Thread(target=listen_sync, daemon=True),
-                    threading.Thread(target=listen_asyncio, daemon=True)]
+                    threading.Thread(target=listen_asyncio, daemon=True),
+                    threading.Thread(target=listen_ws, daemon=True)]
         for t in threads:
             t.start()
         for s in raw:
@@ -424,9 +449,11 @@ def test_a_killed_entry_ends_every_client_stream_and_the_server_comes_back(own_s
         wait_until(lambda: all(events), 60)
         for s in raw:
             assert s.first.wait(120), s.end
+        wait_until(lambda: ws.get("speaking") or "failed" in ws, 60)
+        assert "failed" not in ws, ws
         time.sleep(1.0)                      # the direct streams have begun too
         first_server = server_pid(server)
-        killed_at = time.monotonic()
+        killed_at = ws["killed"] = time.monotonic()
         os.kill(stage_stubs(server, "hibari")[0].pid, signal.SIGKILL)
         for t in threads:
             t.join(15)
@@ -447,6 +474,11 @@ def test_a_killed_entry_ends_every_client_stream_and_the_server_comes_back(own_s
             chunks, error, at = seen
             assert error.startswith("unavailable:"), (kind, error)
             assert at - killed_at < 5.0, (kind, at - killed_at)
+        assert "failed" not in ws and "utterance" in ws, ws
+        told = ws["utterance"].messages
+        assert [m["type"] for m in told] == ["audio.start", "error", "audio.done", "session.done"], told
+        assert told[1]["code"] == "unavailable" and told[2]["error"] is True, told
+        assert ws["utterance"].audio and ws["ended"] - killed_at < 10.0, ws["ended"] - killed_at
         assert RESTART_FOR_LOST_STREAMS in server.log_text()
         wait_until(lambda: server.server_pid not in (None, first_server) and ready(server) == 200
                    and model_ready(server, "hibari") and model_ready(server, QWEN), 180, 0.2)
