@@ -21,7 +21,7 @@ import numpy as np
 
 from omni_backend.errors import error_code, with_code
 from omni_backend.playback import Playback, playback_of
-from omni_backend.grpc_streams import end_stream
+from omni_backend.grpc_streams import cancelled_by_us, end_stream
 
 # Triton's own checks of a request's tensors, made before the entry model sees it (wrong dtype,
 # wrong shape, an input the model does not have, ...). They carry no code; the tensor they name
@@ -439,15 +439,20 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
 
 
 def _raise_unless_ours(what: str) -> None:
-    """In an `except CancelledError`: grpc.aio reports a call cancelled by anyone (a closed
-    channel, a failed request iterator) as CancelledError; only our own task's cancellation may
-    propagate as one, otherwise it would escape every handler (a bare 500, a WebSocket utterance
-    that never ends)."""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)   # Python >= 3.11
-    if cancelling is None or cancelling():
+    """In an `except CancelledError`: re-raise our own cancellation; grpc.aio's is `unavailable:`."""
+    if cancelled_by_us():
         raise
     raise TritonStreamError(f"unavailable: {what}") from None
+
+
+async def uncancelled(call: Awaitable[Any], what: str = "a gRPC call to Triton was cancelled") -> Any:
+    """`await call`, where a cancellation that is not this task's own (grpc.aio's) is a
+    `TritonStreamError` (`unavailable:`): a task that ran `call` then ends failed, not cancelled,
+    and whoever awaits it is told."""
+    try:
+        return await call
+    except asyncio.CancelledError:
+        _raise_unless_ours(what)
 
 
 async def next_watched(it: AsyncIterator, every_s: float, check: Callable[[], Awaitable[None]]) -> Any:

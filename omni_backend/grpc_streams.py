@@ -5,6 +5,16 @@ import asyncio
 from typing import Any, Awaitable, Callable
 
 
+def cancelled_by_us() -> bool:
+    """In an `except CancelledError`: whether it is this task's own cancellation. grpc.aio reports
+    a call cancelled by anyone (a closed channel, a failed request iterator) as CancelledError;
+    only our own may propagate as one, or it escapes every handler (Python < 3.11 cannot tell:
+    there every one is taken as ours)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)   # Python >= 3.11
+    return cancelling is None or cancelling() > 0
+
+
 async def end_stream(responses: Any, complete: bool, timeout_s: float = 2.0,
                      ask_to_end: Callable[[], Awaitable[None]] | None = None) -> None:
     """End a `tritonclient.grpc.aio` `stream_infer` call whose request iterator has ended (the
@@ -28,6 +38,9 @@ async def end_stream(responses: Any, complete: bool, timeout_s: float = 2.0,
         try:
             await asyncio.wait_for(rest(), timeout_s)
             return
+        except asyncio.CancelledError:
+            if cancelled_by_us():
+                raise
         except Exception:  # noqa: BLE001 - not ended in time, or ended with an error: cancel it
             pass
     responses.cancel()

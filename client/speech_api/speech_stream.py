@@ -55,7 +55,7 @@ from client.speech_api.pool import TritonEndpoint
 from client.speech_api.speed import TimeStretch
 from client.speech_api.stream_config import SessionConfig, error_message, merged_config, parse_session_config
 from client.speech_api.text_splitter import TextSplitter
-from client.triton_stream import TritonStreamError
+from client.triton_stream import TritonStreamError, uncancelled
 from omni_backend.adapters.base import MAX_TEXT_CHARS
 
 log = logging.getLogger("omni.speech_api")
@@ -207,8 +207,9 @@ class Utterance:
         try:
             stream = await admitted.open_text(first, request.params, prefer=self.session.home)
             self.session.home = stream.endpoint
-            feeder = asyncio.ensure_future(self._feed(stream, rest))
-            sender = asyncio.ensure_future(self._send_audio(0, admitted, spoken))
+            # neither task may end cancelled by grpc.aio: that would read as this task's own cancel
+            feeder = asyncio.ensure_future(uncancelled(self._feed(stream, rest)))
+            sender = asyncio.ensure_future(uncancelled(self._send_audio(0, admitted, spoken)))
             # a piece Triton refused ends the utterance now, not when the pipeline gives up waiting for text
             await asyncio.wait({feeder, sender}, return_when=asyncio.FIRST_EXCEPTION)
             if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:

@@ -68,3 +68,32 @@ def test_a_running_stream_whose_ask_is_refused_or_slow_is_cancelled():
         call = Call(rest=3)
         asyncio.run(end_stream(call, complete=False, ask_to_end=ask, timeout_s=0.1))
         assert call.cancelled and call.read == 0
+
+
+class CancelledByGrpc(Call):
+    """A call whose rest grpc.aio ends as cancelled (a closed channel), not this task."""
+
+    async def __anext__(self):
+        raise asyncio.CancelledError()
+
+
+def test_a_stream_that_grpc_cancels_while_it_is_read_to_its_end_is_cancelled_not_raised():
+    """grpc.aio's CancelledError is no cancel of ours: it used to escape end_stream (and a
+    control call's `finally`), so a WebSocket utterance's text feeder ended as if cancelled."""
+    call = CancelledByGrpc(rest=0)
+    asyncio.run(end_stream(call, complete=True))
+    assert call.cancelled
+
+
+def test_our_own_cancel_while_a_stream_is_read_to_its_end_propagates():
+    async def run() -> None:
+        call = Call(rest=0, hang=True)
+        task = asyncio.ensure_future(end_stream(call, complete=True, timeout_s=10))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return
+        raise AssertionError("our cancel was swallowed")
+    asyncio.run(run())

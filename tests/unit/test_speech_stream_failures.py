@@ -131,6 +131,8 @@ FAILURES = {   # what the append raises, the code and message the client is told
     "a bug": (RuntimeError("boom"), "internal", "internal: RuntimeError: boom"),
     "triton's error": (TritonStreamError("unavailable: the server is restarting"), "unavailable",
                        "unavailable: the server is restarting"),
+    # grpc.aio ends a call cancelled by anyone with CancelledError: the feeder must not end "cancelled"
+    "grpc's cancel": (asyncio.CancelledError(), "unavailable", "unavailable: a gRPC call to Triton was cancelled"),
 }
 
 
