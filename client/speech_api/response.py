@@ -12,6 +12,9 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from starlette.responses import Response
 
+from client.speech_api.errors import from_triton
+from client.triton_stream import TritonStreamError, uncancelled
+
 log = logging.getLogger("omni.speech_api")
 
 
@@ -82,7 +85,8 @@ class WatchedResponse(Response):
         self.raw_headers = []  # what FastAPI may add (sub-response headers)
 
     async def __call__(self, scope, receive, send) -> None:
-        computing = asyncio.ensure_future(self.answer)
+        # grpc.aio's own cancel of a call under it is no client leaving: it fails, coded
+        computing = asyncio.ensure_future(uncancelled(self.answer))
         watcher = asyncio.create_task(AudioStreamResponse._watch(receive))
         try:
             await asyncio.wait({computing, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -95,7 +99,10 @@ class WatchedResponse(Response):
             if self.abandon is not None:
                 await self.abandon()
             return
-        status, headers, body = computing.result()   # an unexpected exception: the 500 envelope
+        try:
+            status, headers, body = computing.result()   # an unexpected exception: the 500 envelope
+        except TritonStreamError as e:
+            raise from_triton(str(e)) from None
         headers = {"content-type": self.media_type, "cache-control": "no-store", **self.extra_headers, **headers}
         await send({"type": "http.response.start", "status": status,
                     "headers": [*((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
