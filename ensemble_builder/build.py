@@ -16,6 +16,7 @@ import importlib
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from ensemble_builder.pbtxt import render
 from omni_backend.deploy import DeployConfig, check_options, default_deploy_path, load_deploy
@@ -52,7 +53,8 @@ def _instance_group(count: int, device: str) -> list[dict]:
     return [{"count": count, "kind": "KIND_CPU"}]
 
 
-def entry_config(p: PipelineConfig, deploy: DeployConfig, common: dict[str, str]) -> dict:
+def entry_config(p: PipelineConfig, deploy: DeployConfig, common: dict[str, str],
+                 unserved: frozenset[int] = frozenset()) -> dict:
     return {
         "name": p.name,
         "backend": "python",
@@ -70,7 +72,8 @@ def entry_config(p: PipelineConfig, deploy: DeployConfig, common: dict[str, str]
         # the stage models it calls: a pipeline serves only when all of them are ready
         "parameters": _params({**common, "threads_in_flight": str(deploy.entry.bls_threads),
                                "stages": ",".join(p.stage_model_name(s) for s in p.stages
-                                                  if deploy.stage(s.stage_id).process == "own")}),
+                                                  if deploy.stage(s.stage_id).process == "own"
+                                                  and s.stage_id not in unserved)}),
     }
 
 
@@ -108,12 +111,19 @@ def stage_config(p: PipelineConfig, s: StageConfig, deploy: DeployConfig, common
     }
 
 
-def catalog(p: PipelineConfig, model: str, deploy: DeployConfig | None = None) -> str:
+def catalog(p: PipelineConfig, model: str, deploy: DeployConfig | None = None, adapter: Any = None) -> str:
     """The pipeline as the speech API sees it (JSON): description, sample rate, and the served
-    checkpoint's parameters, voices and clone support from its adapter."""
-    described = import_path(p.adapter).from_model(model, deploy).describe()
-    return json.dumps({"description": p.description, "sample_rate": p.sample_rate, **described},
+    checkpoint's parameters, voices and clone support from its adapter (made here unless given)."""
+    adapter = adapter or import_path(p.adapter).from_model(model, deploy)
+    return json.dumps({"description": p.description, "sample_rate": p.sample_rate, **adapter.describe()},
                       sort_keys=True, separators=(",", ":"))
+
+
+def unserved_stages(p: PipelineConfig, adapter: Any) -> frozenset[int]:
+    """The stages the checkpoint never runs (its adapter says); what is left must still answer."""
+    unserved = frozenset(adapter.unserved_stages())
+    p.stages_run(unserved)   # raises when nothing would be left for the client
+    return unserved
 
 
 def _package_root(module: str) -> str:
@@ -146,12 +156,15 @@ def build(pipeline: str, out: str | Path, deploy_path: str | Path | None = None,
     if family not in BUILTIN_FAMILIES:   # the stubs load it by path (omni_backend/families.py)
         common["family"] = family
         common["family_root"] = _package_root(family)
-    entry = entry_config(p, deploy, common)
-    entry["parameters"] += _params({"catalog": catalog(p, model, deploy)})
+    adapter = import_path(p.adapter).from_model(model, deploy)
+    unserved = unserved_stages(p, adapter)
+    entry = entry_config(p, deploy, common, unserved)
+    entry["parameters"] += _params({"catalog": catalog(p, model, deploy, adapter)})
     models = [(p.name, entry, p.entry_class)]
     out = Path(out)
     for s in p.stages:
-        if deploy.stage(s.stage_id).process == "entry":   # loaded by the entry: no model of its own
+        # loaded by the entry, or never run by this checkpoint: no model of its own
+        if deploy.stage(s.stage_id).process == "entry" or s.stage_id in unserved:
             shutil.rmtree(out / p.stage_model_name(s), ignore_errors=True)
             continue
         models.append((p.stage_model_name(s), stage_config(p, s, deploy, common), s.triton_class))

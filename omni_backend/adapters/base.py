@@ -222,6 +222,13 @@ class TTSAdapter:
         """Model-specific cross-field rules; override."""
         return params
 
+    def unserved_stages(self) -> frozenset[int]:
+        """Stage ids the served checkpoint never runs (it has no weights for them, e.g. the audio
+        stages of a checkpoint that answers in text only): the builder writes no model for them,
+        so no process is started for them, and the entry never calls them. Override; by default
+        every stage is served."""
+        return frozenset()
+
     def skipped_stages(self, request: dict[str, Any]) -> frozenset[int]:
         """Stage ids that this validated request does not run (e.g. the audio stages of a
         text-only answer); their consumers are skipped too, and when the final stage is skipped

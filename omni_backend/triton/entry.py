@@ -78,10 +78,13 @@ class PipelineEntry(DecoupledModel):
         self.held: str | None = None       # why new streams are turned away while the stages reload
         self.resuming: str | None = None   # ... after `resume`, until every stage is loaded again
         self.liveness = StageLiveness()
+        # the stages the checkpoint runs (the builder wrote no model for the others)
+        self.unserved = frozenset(self.adapter.unserved_stages())
+        self.served = [s for s in self.pipeline.stages if s.stage_id not in self.unserved]
         self.transfers = {s.stage_id: import_path(s.transfer)(self.pipeline, s, self.deploy)
-                          for s in self.pipeline.stages if s.transfer}
+                          for s in self.served if s.transfer}
         # stages deployed with `process: entry` run here (local_stage.py); the rest over BLS
-        self.local_stages = {s.stage_id: LocalStage(self, self.pipeline, s) for s in self.pipeline.stages
+        self.local_stages = {s.stage_id: LocalStage(self, self.pipeline, s) for s in self.served
                              if self.deploy.stage(s.stage_id).process == "entry"}
         self.text_inputs = TextInputs()
         self.client_specs = {t.name: t for t in self.pipeline.client_output_specs()}
@@ -111,7 +114,7 @@ class PipelineEntry(DecoupledModel):
             return await super().control(request, command)
         rid = f"ping-{uuid.uuid4().hex[:12]}"
         checks = [self.liveness.check(self.pipeline.stage_model_name(stage), self.ping_stage(stage, rid),
-                                      STAGE_PING_TIMEOUT_S) for stage in self.pipeline.stages]
+                                      STAGE_PING_TIMEOUT_S) for stage in self.served]
         for result in await asyncio.gather(*checks, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
@@ -191,7 +194,7 @@ class PipelineEntry(DecoupledModel):
                       request: dict[str, Any]) -> AsyncIterator[tuple[StageConfig, Outputs]]:
         """What the client's streams give, as it arrives (with the stage it came from); ends when
         every one of them has ended. The stages run are those the adapter does not skip."""
-        run = self.pipeline.stages_run(frozenset(self.adapter.skipped_stages(request)))
+        run = self.pipeline.stages_run(frozenset(self.adapter.skipped_stages(request)) | self.unserved)
         client, closers = self.graph(ctx, request, run)
         text = None
         merged = in_arrival_order(client, lambda stage: stage.stage_id,   # upstream first: a text delta
@@ -225,7 +228,7 @@ class PipelineEntry(DecoupledModel):
         return pb_utils.Tensor(spec.name, np.ascontiguousarray(value, dtype=spec.numpy_dtype))
 
     def _stages_ready(self) -> bool:
-        return all(pb_utils.is_model_ready(self.pipeline.stage_model_name(stage)) for stage in self.pipeline.stages
+        return all(pb_utils.is_model_ready(self.pipeline.stage_model_name(stage)) for stage in self.served
                    if stage.stage_id not in self.local_stages)
 
     def release_resources(self) -> None:

@@ -56,6 +56,20 @@ def speechless(qwen3_omni_reference, tmp_path_factory):
         yield server, shim
 
 
+def test_only_the_entry_and_the_thinker_are_served(speechless):
+    """No talker or code2wav model, so no stub process for them: the server's models and its
+    stubs are the entry's and the thinker's alone, and the pipeline is ready (its pings and
+    readiness ask the thinker alone)."""
+    from omni_backend.stubs import server_stubs
+
+    server, shim = speechless
+    index = httpx.post(f"{server.http_url}/v2/repository/index", timeout=10).json()
+    assert sorted((m["name"], m.get("state")) for m in index) == [(MODEL, "READY"), (f"{MODEL}__thinker", "READY")]
+    assert server.server_pid is not None
+    assert {s.model for s in server_stubs.stubs_of(server.server_pid)} == {MODEL, f"{MODEL}__thinker"}
+    assert httpx.get(f"{shim.url}/health", timeout=10).status_code == 200
+
+
 def _text_only(request: tuple[str, dict]) -> tuple[str, dict]:
     text, params = request
     return text, {k: v for k, v in params.items() if k not in AUDIO_ONLY and k != "return_audio"}

@@ -78,3 +78,28 @@ def test_the_speech_api_refuses_audio_naming_modalities(thinking):
     with pytest.raises(ApiError) as e:
         build_chat_params(parse_chat_body(body), info)
     assert e.value.status == 400 and e.value.param == "modalities" and "does not speak" in e.value.message
+
+
+def test_the_repository_has_no_talker_or_code2wav_and_the_entry_calls_the_thinker_alone(thinking, tmp_path):
+    """No model (so no stub process) for stages the checkpoint cannot run; a rebuild over a
+    repository of a speaking checkpoint removes theirs."""
+    import yaml
+
+    from ensemble_builder.build import build
+    from omni_backend.deploy import default_deploy_path
+
+    deploy = yaml.safe_load(Path(default_deploy_path("qwen3_omni_tiny_random")).read_text())
+    deploy.update(pipeline="qwen3_omni", model=str(thinking))
+    (tmp_path / "deploy.yaml").write_text(yaml.safe_dump(deploy))
+    repo = tmp_path / "repo"
+    for stale in ("qwen3_omni__talker", "qwen3_omni__code2wav"):
+        (repo / stale / "1").mkdir(parents=True)
+    written = build("qwen3_omni", repo, tmp_path / "deploy.yaml")
+    assert sorted(p.name for p in written) == ["qwen3_omni", "qwen3_omni__thinker"]
+    assert sorted(p.name for p in repo.iterdir()) == ["qwen3_omni", "qwen3_omni__thinker"]
+    entry = (repo / "qwen3_omni" / "config.pbtxt").read_text()
+    stages = entry.split('key: "stages"')[1].split("string_value:")[1].split('"')[1]
+    assert stages == "qwen3_omni__thinker"
+    assert Qwen3OmniAdapter.from_model(str(thinking)).unserved_stages() == frozenset({1, 2})
+    assert Qwen3OmniAdapter.from_model("builtin:qwen3_omni_tiny_random").unserved_stages() == frozenset()
+

@@ -184,5 +184,10 @@ class Qwen3OmniAdapter(TTSAdapter):
                 raise InvalidRequest(given[0], "applies to the audio, which return_audio: false does not make")
         return params
 
+    def unserved_stages(self) -> frozenset[int]:
+        # the talker and code2wav of a checkpoint without them (PipelineConfig.stages_run drops
+        # code2wav with the talker)
+        return frozenset() if self.speaks else frozenset({1, 2})
+
     def skipped_stages(self, request: dict[str, Any]) -> frozenset[int]:
         return frozenset() if request["return_audio"] else TALKER_STAGES

@@ -29,13 +29,11 @@ class Code2WavStage(BatchedStage):
         torch.set_num_threads(sd.threads)
         path = resolve_checkpoint(self.model_path)
         self.batch_invariant = sd.batch_invariant
-        # None: the checkpoint does not speak; the entry sends no window here
-        self.decoder = None if load_config(path).talker is None else \
-            load_checkpoint(path, device=sd.device, parts=("code2wav",)).code2wav
+        if load_config(path).talker is None:   # the builder writes no code2wav model for it
+            raise ValueError(f"{self.model_name}: {SPEECHLESS}; rebuild the repository")
+        self.decoder = load_checkpoint(path, device=sd.device, parts=("code2wav",)).code2wav
 
     def batch_key(self, inputs: Inputs) -> Hashable:
-        if self.decoder is None:
-            raise InvalidRequest("return_audio", SPEECHLESS)
         codes = inputs["CODES"]
         left, right = inputs["LEFT_CONTEXT"].reshape(-1), inputs["RIGHT_CONTEXT"].reshape(-1)
         if len(set(left.tolist())) != 1 or len(set(right.tolist())) != 1:

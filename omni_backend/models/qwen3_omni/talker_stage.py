@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from typing import Any, AsyncIterator
 
 import numpy as np
@@ -29,7 +28,6 @@ from omni_backend.triton.stage import ForgetOnRelease, StageModel
 from .config import SPEECHLESS, load_config
 from .family import TALKER_OPTIONS
 
-logger = logging.getLogger(__name__)
 
 _TEXT_WAIT = TALKER_OPTIONS[1]
 # request field -> engine parameter
@@ -79,9 +77,8 @@ class TalkerStage(StageModel):
         torch.set_num_threads(sd.threads)
         path = resolve_checkpoint(self.model_path)
         self.engine = None
-        if load_config(path).talker is None:   # no talker to load: the entry sends no request here
-            logger.info("%s: %s; the talker stays idle", self.model_name, SPEECHLESS)
-            return
+        if load_config(path).talker is None:   # the builder writes no talker model for it
+            raise ValueError(f"{self.model_name}: {SPEECHLESS}; rebuild the repository")
         checkpoint = load_checkpoint(path, dtype=sd.dtype, device=sd.device, parts=("talker",))
         self.config, self.talker = checkpoint.config, checkpoint.talker
         self.embedding = load_thinker_embedding(path, dtype=sd.dtype, device=sd.device)
@@ -109,8 +106,6 @@ class TalkerStage(StageModel):
         from .prompt import TalkerInput
         from .talker_runner import ThinkerAnswer
 
-        if self.engine is None:
-            raise InvalidRequest("return_audio", SPEECHLESS)
         if request is None or "PROMPT_IDS" not in inputs:
             raise InvalidRequest("PROMPT_IDS", "the talker is opened with the thinker's prompt ids and the request")
         rid = ctx.stage_request_id
