@@ -175,11 +175,16 @@ class PoolStream:
                 except StopAsyncIteration:
                     return
                 yield chunk
-        except grpc.RpcError as e:
-            self.endpoint.mark_down(f"{e.code().name}: {e.details()}")
-            raise no_backend(f"Triton at {self.endpoint.url} went away mid-stream") from None
-        except TritonStreamError as e:
-            raise from_triton(str(e)) from None
+        except (grpc.RpcError, TritonStreamError) as e:
+            raise self._coded(e, "mid-stream") from None
+
+    def _coded(self, error: "grpc.RpcError | TritonStreamError", when: str) -> ApiError:
+        """A failure as the client is told: the channel's own failure is a 503 (and marks the
+        endpoint down); Triton's answers keep their code."""
+        if isinstance(error, grpc.RpcError):
+            self.endpoint.mark_down(f"{error.code().name}: {error.details()}")
+            return no_backend(f"Triton at {self.endpoint.url} went away {when}")
+        return from_triton(str(error))
 
     async def aclose(self) -> None:
         """End the stream; if Triton is still producing, this cancels its request."""
@@ -212,14 +217,11 @@ class PoolTextStream(PoolStream):
         await self._control(self.text.end())
 
     async def _control(self, call: Awaitable[None]) -> None:
-        """An append's failure, coded as the audio's: the channel's own failure is a 503."""
+        """An append's failure, coded as the audio's."""
         try:
             await call
-        except grpc.RpcError as e:
-            self.endpoint.mark_down(f"{e.code().name}: {e.details()}")
-            raise no_backend(f"Triton at {self.endpoint.url} went away while taking text") from None
-        except TritonStreamError as e:
-            raise from_triton(str(e)) from None
+        except (grpc.RpcError, TritonStreamError) as e:
+            raise self._coded(e, "while taking text") from None
 
 
 class TritonPool:
