@@ -30,7 +30,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         for key, value in (headers or {}).items():
             self.send_header(key, value)
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):   # a fetch that stops reading (over its limit)
+            pass
 
     def do_GET(self) -> None:
         routes = {
