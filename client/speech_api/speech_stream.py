@@ -156,9 +156,7 @@ class Utterance:
                 raise
             except Exception as e:  # noqa: BLE001 - told; the session goes on, and the utterance ends
                 await self.session.send_error(self._coded(e))
-                if not self.done_received:   # its session.done follows its input.done
-                    while await self.queue.get() is not None:
-                        pass
+                await self._skip_to_input_done()
             await self.session.send_json({"type": "session.done", "utterance_index": self.index,
                                           "total_sentences": self.sentences})
         except (ClientGone, SlowClient) as e:
@@ -229,6 +227,15 @@ class Utterance:
             await admitted.close()
             self.session.log_access(admitted, spoken)
         await self._done_message(0, spoken.bytes, spoken.error is not None, text=self.text)
+        if spoken.error is not None:
+            await self._skip_to_input_done()
+
+    async def _skip_to_input_done(self) -> None:
+        """After a failure that ends the utterance early: its session.done follows the client's
+        input.done, as always (the text in between has nowhere to go; the client was told)."""
+        if not self.done_received:
+            while await self.queue.get() is not None:
+                pass
 
     def _coded(self, error: Exception) -> ApiError:
         """A unit's failure as the client is told it: ours and Triton's keep their code; anything

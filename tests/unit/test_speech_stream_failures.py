@@ -232,3 +232,25 @@ def test_a_control_call_cancelled_by_grpc_is_unavailable_but_our_own_cancel_prop
         with pytest.raises(asyncio.CancelledError):
             await task
     asyncio.run(ours())
+
+
+def test_an_append_utterance_that_failed_ends_at_the_clients_input_done():
+    """The client is told at once (error, audio.done); text it sends before its input.done has
+    nowhere to go, and session.done follows input.done as after a success."""
+    async def run() -> tuple[Session, bool]:
+        session = Session("append", Stream(RuntimeError("boom")))
+        utterance = Utterance(session, 0, None)
+        utterance.add_text("Hello there, ")
+        utterance.add_text("more text")
+        for _ in range(200):
+            if any(isinstance(m, dict) and m["type"] == "audio.done" for m in session.sent):
+                break
+            await asyncio.sleep(0.01)
+        waiting = not utterance.task.done()
+        utterance.add_text("and more")
+        utterance.finish()
+        await asyncio.wait_for(utterance.task, 10)
+        return session, waiting
+    session, waiting = asyncio.run(run())
+    assert waiting
+    assert [m["type"] for m in _messages(session)] == ["audio.start", "error", "audio.done", "session.done"]
