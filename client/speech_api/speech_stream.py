@@ -61,6 +61,11 @@ from omni_backend.adapters.base import MAX_TEXT_CHARS
 log = logging.getLogger("omni.speech_api")
 
 
+# an append refused just as its stream ended (Triton answers it once it looked for the stream for
+# text_input.TARGET_WAIT_S): the audio's end is waited for this long before the refusal counts
+APPEND_AFTER_END_S = 1.0
+
+
 class SlowClient(Exception):
     """The client took no audio for `send_timeout_s`."""
 
@@ -208,12 +213,17 @@ class Utterance:
             # neither task may end cancelled by grpc.aio: that would read as this task's own cancel
             feeder = asyncio.ensure_future(uncancelled(self._feed(stream, rest)))
             sender = asyncio.ensure_future(uncancelled(self._send_audio(0, admitted, spoken)))
-            # a piece Triton refused ends the utterance now, not when the pipeline gives up waiting for text
-            await asyncio.wait({feeder, sender}, return_when=asyncio.FIRST_EXCEPTION)
-            if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
-                await feeder
+            done, _ = await asyncio.wait({feeder, sender}, return_when=asyncio.FIRST_COMPLETED)
+            if sender not in done and feeder.exception() is not None:
+                # a piece Triton refused ends the utterance now, not when the pipeline gives up
+                # waiting for text; unless the request had just ended (at its frame limit), when
+                # the refusal is only that (the audio is complete)
+                await asyncio.wait({sender}, timeout=APPEND_AFTER_END_S)
+                if not sender.done():
+                    await feeder
+            # the audio is all there is: once it is complete, text still coming is not spoken
+            # (as a whole request's text past its frame limit is not)
             await sender
-            await feeder
         except (ClientGone, SlowClient):
             raise
         except Exception as e:  # noqa: BLE001 - every failure is told, and the utterance goes on
@@ -226,13 +236,15 @@ class Utterance:
             await asyncio.gather(*unfinished, return_exceptions=True)
             await admitted.close()
             self.session.log_access(admitted, spoken)
+        if spoken.error is None:   # audio.done names the utterance's whole text
+            await self._skip_to_input_done()
         await self._done_message(0, spoken.bytes, spoken.error is not None, text=self.text)
-        if spoken.error is not None:
+        if spoken.error is not None:   # told at once; session.done still follows input.done
             await self._skip_to_input_done()
 
     async def _skip_to_input_done(self) -> None:
-        """After a failure that ends the utterance early: its session.done follows the client's
-        input.done, as always (the text in between has nowhere to go; the client was told)."""
+        """When the utterance's request ended before the client's input.done (a failure, or its
+        frame limit): wait for that input.done, as always; the text in between has nowhere to go."""
         if not self.done_received:
             while await self.queue.get() is not None:
                 pass

@@ -122,6 +122,10 @@ class TextForwarder:
             try:
                 for target in self.targets:
                     await target.append_text(piece, end)
+            except asyncio.CancelledError:   # the stream ended with this piece on its way: answered
+                if not done.done():          # here, or its append would wait for ever
+                    done.set_exception(_ended())
+                raise
             except Exception as e:  # the piece's own request answers with it
                 if not done.done():
                     done.set_exception(e)
@@ -136,7 +140,11 @@ class TextForwarder:
         while not self._queue.empty():
             _, _, done = self._queue.get_nowait()
             if not done.done():
-                done.set_exception(InvalidRequest("request_id", "the stream ended before this text reached it"))
+                done.set_exception(_ended())
+
+
+def _ended() -> InvalidRequest:
+    return InvalidRequest("request_id", "the stream ended before this text reached it")
 
 
 class TextInputs:

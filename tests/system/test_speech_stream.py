@@ -168,6 +168,33 @@ def test_an_utterance_longer_than_one_request_is_spoken(text_shim):
     assert run.messages[1]["sentence_text"] == text
 
 
+def test_text_after_an_append_request_reached_its_frame_limit_is_not_an_error(text_shim, text_triton):
+    """The request reaches max_new_tokens while the client still writes: its audio is complete,
+    the text that follows has nowhere to go (as a whole request's text past its frame limit), and
+    the utterance ends at the client's input.done without an error; appends to the ended stream
+    are not made to wait (the entry would look for it 5 s each)."""
+    url = ws_url(text_shim.url)
+    first, later = "Hello there, this utterance outlives its frame limit. ", ["And goes on ", "and on."]
+
+    async def scenario():
+        async with SpeechStreamClient(url, _config(max_new_tokens=5)) as session:
+            await session.send_text(first)
+            assert await asyncio.to_thread(_gauges_zero, text_triton)   # the request ended
+            t0 = time.monotonic()
+            for piece in later:
+                await session.send_text(piece)
+                await asyncio.sleep(0.2)
+            utterance = await session.finish()
+            return utterance, time.monotonic() - t0
+
+    run, took = asyncio.run(scenario())
+    assert not run.errors, run.errors
+    assert [m["type"] for m in run.messages] == ["audio.start", "audio.done", "session.done"], run.messages
+    done = run.messages[1]
+    assert done["error"] is False and done["sentence_text"] == first + "".join(later), done
+    assert len(run.audio) == 4 * 1920 * 2 and took < 4.0, (len(run.audio), took)
+
+
 def test_coded_errors(text_shim):
     async def first_error(config: dict, text: str | None = None) -> dict:
         async with SpeechStreamClient(ws_url(text_shim.url), config) as session:

@@ -33,8 +33,10 @@ class RawRpcError(grpc.RpcError):
 class Stream:
     """The audio side of a text stream: one chunk, then waits until the text has ended."""
 
-    def __init__(self, append_error: BaseException | None, audio_error: BaseException | None = None):
+    def __init__(self, append_error: BaseException | None, audio_error: BaseException | None = None,
+                 frame_limit: bool = False):
         self.append_error, self.audio_error = append_error, audio_error
+        self.frame_limit = frame_limit   # the audio ends without waiting for the text's end
         self.ended = asyncio.Event()
         self.appended: list[str] = []
         self.endpoint = None
@@ -51,7 +53,8 @@ class Stream:
         yield np.zeros(480, np.float32), 24000
         if self.audio_error is not None:
             raise self.audio_error
-        await self.ended.wait()
+        if not self.frame_limit:
+            await self.ended.wait()
 
 
 class Admitted:
@@ -254,3 +257,26 @@ def test_an_append_utterance_that_failed_ends_at_the_clients_input_done():
     session, waiting = asyncio.run(run())
     assert waiting
     assert [m["type"] for m in _messages(session)] == ["audio.start", "error", "audio.done", "session.done"]
+
+
+def test_text_after_an_append_request_reached_its_frame_limit_is_no_error():
+    """The request ends at its frame limit while text still comes: appends to it are refused
+    (the stream is gone), which is no failure of the utterance: its audio is complete."""
+    async def run() -> Session:
+        ended = TritonStreamError("invalid_request: request_id: no open stream 'ws-1' takes text on this instance "
+                                  "(it ended, or was not opened with streaming_input)")
+        session = Session("append", Stream(ended, frame_limit=True))
+        utterance = Utterance(session, 0, None)
+        utterance.add_text("Hello there, ")
+        await asyncio.sleep(0.05)
+        utterance.add_text("text past the limit")
+        await asyncio.sleep(0.05)
+        assert not utterance.task.done()   # the utterance takes text until input.done
+        utterance.finish()
+        await asyncio.wait_for(utterance.task, 10)
+        return session
+    session = asyncio.run(run())
+    messages = _messages(session)
+    assert [m["type"] for m in messages] == ["audio.start", "audio.done", "session.done"], messages
+    assert messages[1]["error"] is False and messages[1]["sentence_text"] == "Hello there, text past the limit"
+    assert any(isinstance(m, bytes) for m in session.sent)
