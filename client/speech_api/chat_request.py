@@ -9,7 +9,7 @@ sampling). Every problem is a 400 naming the field in the request's own terms
 (`messages[2].content`, `audio.voice`, `temperature`).
 
 Every OpenAI field either works or is refused by name: fields that ask for something a chat
-pipeline here cannot do (`n` > 1, `tools`, `logprobs`, `stop`, a JSON `response_format`, ...)
+pipeline here cannot do (`n` > 1, `tools`, `logprobs`, a JSON `response_format`, ...)
 are accepted only with their neutral value. Keys OpenAI does not define are the pipeline's own
 parameters (`top_k`, `repetition_penalty`, a stage's own prefixed ones, ...), checked against its catalog.
 """
@@ -36,7 +36,7 @@ MODALITIES = ("text", "audio")
 ROLES = ("system", "developer", "user", "assistant")
 # OpenAI fields this route implements.
 CHAT_FIELDS = ("model", "messages", "modalities", "audio", "stream", "stream_options", "max_tokens",
-               "max_completion_tokens", "temperature", "top_p", "seed")
+               "max_completion_tokens", "temperature", "top_p", "seed", "stop")
 
 
 def _neutral(*values: Any) -> Callable[[Any], bool]:
@@ -48,7 +48,6 @@ def _neutral(*values: Any) -> Callable[[Any], bool]:
 # anything else is a 400 naming the field (`unsupported_parameter`).
 NEUTRAL_FIELDS = {
     "n": (_neutral(1), "only one choice is generated (n: 1)"),
-    "stop": (_neutral([]), "stop sequences are not supported"),
     "frequency_penalty": (_neutral(0, 0.0), "not supported (use repetition_penalty, if the model has one)"),
     "presence_penalty": (_neutral(0, 0.0), "not supported (use repetition_penalty, if the model has one)"),
     "logit_bias": (_neutral({}), "not supported"),
@@ -129,6 +128,7 @@ class ChatRequest:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    stop: list[str] | None = None   # OpenAI's stop sequences (a string is a list of one)
     extensions: dict[str, Any] = field(default_factory=dict)   # the pipeline's own parameters
     parts: list[dict[str, Any]] | None = None   # the new user message's parts when it holds media
     # where an `audio_url` part stood ("messages[0].content[1]"), sent on as `input_audio`
@@ -430,8 +430,22 @@ def parse_chat_body(body: Any, transcripts: AudioTranscripts | None = None) -> C
     req.temperature = _number(body, "temperature", 0.0, 2.0)
     req.top_p = _number(body, "top_p", 0.0, 1.0)
     req.seed = _integer(body, "seed", -(2**63), 2**63 - 1)
+    req.stop = _stop(body.get("stop"))
     req.extensions = extensions
     return req
+
+
+def _stop(value: Any) -> list[str] | None:
+    """OpenAI's `stop`: null, a string, or a list of strings (an empty list asks for nothing). How
+    many and how long is the model's to say."""
+    if value is None or value == []:
+        return None
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid_request("stop", f"stop: must be a string or a list of strings, got {shown(value)}")
+    for i, stop in enumerate(stops):
+        clean_string("stop" if isinstance(value, str) else f"stop[{i}]", stop)
+    return stops
 
 
 @dataclass
@@ -513,6 +527,8 @@ def build_chat_params(req: ChatRequest, info: PipelineInfo) -> ChatTritonRequest
         put("top_p", req.top_p, "top_p")
     if req.seed is not None:
         put("seed", req.seed, "seed")
+    if req.stop:
+        put("stop", req.stop, "stop")
 
     for name, value in req.extensions.items():
         if name == STAGE_SAMPLING:   # vLLM-Omni's per-stage sampling (stage_sampling.py)

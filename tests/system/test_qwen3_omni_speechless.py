@@ -161,3 +161,31 @@ def test_the_page_chats_in_text_with_speaking_off(speechless, tmp_path):
         browser.screenshot(tmp_path / "text_only_chat.png")
     finally:
         browser.stop()
+
+
+def test_stop_sequences_end_the_answer_before_them(speechless, qwen3_omni_reference, tokenizer):
+    """OpenAI's `stop`: the greedy answer is the reference's, cut where a stop string first
+    appears (without it), whole or streamed, finish_reason `stop`; a stop string that never
+    appears leaves the answer whole."""
+    import openai
+
+    _, shim = speechless
+    client = openai.OpenAI(base_url=f"{shim.url}/v1", api_key="not-needed", max_retries=0, timeout=120)
+    checked = 0
+    for job_id, ref in qwen3_omni_reference["tiny"]["jobs"].items():
+        whole = _reference_text(ref, tokenizer)
+        if len(whole.strip()) < 6 or "\ufffd" in whole:
+            continue
+        stop = whole[len(whole) // 2:len(whole) // 2 + 2]
+        expected = whole[:whole.find(stop)]
+        kwargs = dict(model=MODEL, messages=job_messages(ref["job"]), temperature=0,
+                      max_tokens=int(ref["job"]["thinker_max_new_tokens"]))
+        answer = client.chat.completions.create(stop=[stop, "never in it \u2603"], **kwargs)
+        assert (answer.choices[0].message.content, answer.choices[0].finish_reason) == (expected, "stop"), job_id
+        deltas = [c.choices[0].delta.content or "" for c in client.chat.completions.create(stop=stop, stream=True,
+                                                                                           **kwargs) if c.choices]
+        assert "".join(deltas) == expected, job_id
+        untouched = client.chat.completions.create(stop="never in it \u2603", **kwargs)
+        assert untouched.choices[0].message.content == whole, job_id
+        checked += 1
+    assert checked >= 2

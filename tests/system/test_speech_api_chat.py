@@ -178,6 +178,9 @@ def test_history_and_an_earlier_audio_answer_reach_the_thinker(stack, client):
     ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
         {"type": "input_audio", "input_audio": {"data": "AAAA"}}]}, *USER]}, "messages[1].content[0].type"),
     ({"max_tokens": 0}, "max_tokens"),
+    # stop sequences end text answers only; their number and length are the model's to check
+    ({"stop": "END", "modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}, "stop"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"stop": ["a", ""]}, "stop[1]"),
 ])
 def test_bad_fields_are_400s_naming_them(client, extra, param):
     body = {"model": MODEL, "messages": USER, **extra}

@@ -228,3 +228,18 @@ def test_sized_flac_fills_in_the_sample_count():
     data = enc.encode(x[:10000]) + enc.encode(x[10000:]) + enc.finish()
     y, rate = sf.read(io.BytesIO(sized_flac(data, x.size)), dtype="float32")
     assert rate == 24000 and y.size == x.size and np.abs(y - x).max() < 1e-4
+
+
+def test_stop_sequences_go_to_a_model_that_takes_them_and_are_refused_by_one_that_does_not():
+    stopping = describe_pipeline("chatty", json.dumps({**json.loads(CATALOG), "params": [
+        *json.loads(CATALOG)["params"], {"name": "stop", "type": "list"}]}))
+
+    def params(**body):
+        return build_chat_params(parse_chat_body({"model": "chatty", "messages": [USER], **body}), stopping).params
+    assert params(stop="END")["stop"] == ["END"]
+    assert params(stop=["a", "\n\n"])["stop"] == ["a", "\n\n"]
+    assert "stop" not in params(stop=[]) and "stop" not in params(stop=None)
+    for bad, param in (({"stop": 5}, "stop"), ({"stop": ["a", 3]}, "stop"), ({"stop": ["a", "\ud800"]}, "stop[1]")):
+        assert error_of(params, **bad).param == param
+    refused = error_of(build, stop="END")   # a model without stop sequences
+    assert refused.param == "stop" and refused.code == "unsupported_parameter"

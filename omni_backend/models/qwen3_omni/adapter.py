@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter, decode_params
+from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter, check_string, decode_params, shown
 from omni_backend.errors import InvalidRequest
 
 from .config import SPEECHLESS
+from .stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 if TYPE_CHECKING:
     from omni_backend.deploy import DeployConfig
@@ -109,6 +110,9 @@ class Qwen3OmniAdapter(TTSAdapter):
         params.append({"name": "messages", "type": "list", "help": "the conversation before TEXT"})
         params.append({"name": "content", "type": "list",
                        "help": "parts of the new message before TEXT (text, input_audio, image_url)"})
+        params.append({"name": "stop", "type": "list",
+                       "help": f"up to {MAX_STOP_STRINGS} strings that end a text answer where one appears "
+                               "(not part of the answer); with return_audio false"})
         # `chat`: TEXT is a user turn answered by the model (PARAMS `messages`: the turns before it)
         # `speaks`: false when the checkpoint answers in text only; `stage_sampling`: what a
         # client's per-stage sampling list (vLLM-Omni's) sets here
@@ -136,6 +140,7 @@ class Qwen3OmniAdapter(TTSAdapter):
         raw = dict(raw)
         history = raw.pop("messages", None)
         content = raw.pop("content", None)
+        stop = _stop_strings(raw.pop("stop", None))
         if content is not None and (not isinstance(content, list) or not content):
             raise InvalidRequest("content", "must be a non-empty list of content parts (the new message before TEXT)")
         if content is not None and _blank(text):   # a message of media alone: TEXT adds nothing
@@ -163,6 +168,11 @@ class Qwen3OmniAdapter(TTSAdapter):
                                      error.reason) from None
             raise
         request["messages"] = messages
+        if stop:
+            # a spoken answer would have to unsay what the talker already voiced past the stop
+            if request["return_audio"]:
+                raise InvalidRequest("stop", "ends text answers only; ask for the text answer (return_audio: false)")
+            request["stop"] = stop
         return request
 
     def check(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -191,3 +201,21 @@ class Qwen3OmniAdapter(TTSAdapter):
 
     def skipped_stages(self, request: dict[str, Any]) -> frozenset[int]:
         return frozenset() if request["return_audio"] else TALKER_STAGES
+
+
+def _stop_strings(value: Any) -> list[str]:
+    """PARAMS ``stop``: a string or a list of up to MAX_STOP_STRINGS non-empty strings."""
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequest("stop", f"must be a string or a list of at most {MAX_STOP_STRINGS} strings, "
+                                     f"got {shown(value)}")
+    for i, stop in enumerate(stops):
+        field = "stop" if isinstance(value, str) else f"stop[{i}]"
+        if not isinstance(stop, str) or not stop:
+            raise InvalidRequest(field, f"must be a non-empty string, got {shown(stop)}")
+        if len(stop) > MAX_STOP_CHARS:
+            raise InvalidRequest(field, f"must be at most {MAX_STOP_CHARS} characters, got {len(stop)}")
+        check_string(field, stop)
+    return list(stops)

@@ -66,6 +66,7 @@ class ThinkerStage(StageModel):
 
     async def generate(self, ctx: StreamContext, request: dict[str, Any],
                        inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
+        from .stop_strings import StopStrings
         from .text_deltas import TextDeltas
 
         rid = ctx.stage_request_id
@@ -83,6 +84,7 @@ class ThinkerStage(StageModel):
         if not hidden_wanted:
             yield [_ids("PROMPT_IDS", prompt.ids)]
         text = TextDeltas(self.tokenizer)
+        stops = StopStrings(request["stop"]) if request.get("stop") else None
         first = hidden_wanted
         async for event in self.engine_events(ctx, stream):
             if first and event.finish_reason != "cancelled":
@@ -98,8 +100,13 @@ class ThinkerStage(StageModel):
                 ids.append(self.eos_id)
             tensors = [_ids("TOKEN_IDS", ids)] if ids else []
             delta = text.add(ids, last=event.finished)
+            if stops is not None:
+                delta = stops.feed(delta, last=event.finished)
             if delta:
                 tensors.append(bytes_tensor("TEXT_DELTA", delta))
+            if stops is not None and stops.stopped:   # returning cancels the rest of the answer
+                yield tensors + [bytes_tensor("FINISH_REASON", "stop")]
+                return
             if event.finished:
                 tensors.append(bytes_tensor("FINISH_REASON", event.finish_reason or "stop"))
             if tensors:
