@@ -426,7 +426,8 @@ async def astream_parts(client: Any, model: str, text: str, params: dict[str, An
                 return
         complete = True   # the call ended: nothing is left to end
     except asyncio.CancelledError:
-        failed = True
+        # ours (the consumer left): the request is asked to end below; grpc.aio's: nobody to ask
+        failed = not cancelled_by_us()
         _raise_unless_ours("the gRPC stream to Triton was cancelled")
     except Exception:
         failed = True

@@ -97,3 +97,45 @@ def test_our_own_cancel_while_a_stream_is_read_to_its_end_propagates():
             return
         raise AssertionError("our cancel was swallowed")
     asyncio.run(run())
+
+
+class Endless(Call):
+    """A running request's call: no response comes."""
+
+    async def __anext__(self):
+        await asyncio.sleep(3600)
+
+
+class AnsweredAtOnce(Call):
+    """The answer to a control request: the call ends at once."""
+
+    async def __anext__(self):
+        raise StopAsyncIteration
+
+
+def test_a_consumer_that_is_cancelled_asks_the_entry_to_end_its_request_by_id():
+    """The consumer's task cancelled while it waits (a client hanging up): the request is ended
+    by a cancel message naming its id, not by cancelling the call (which leaves state in
+    tritonserver 2.51); grpc.aio's own cancel has nobody to ask."""
+    from types import SimpleNamespace
+
+    from client.triton_stream import astream_parts
+
+    calls: list = []
+
+    def stream_infer(inputs_iterator):
+        calls.append(Endless(rest=0) if not calls else AnsweredAtOnce(rest=0))
+        return calls[-1]
+
+    async def run() -> None:
+        client = SimpleNamespace(stream_infer=stream_infer)
+
+        async def consume() -> None:
+            async for _ in astream_parts(client, "m", "Hello.", {}, watch_s=None):
+                pass
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    asyncio.run(run())
+    assert len(calls) == 2   # the request, then the cancel message naming it
