@@ -12,7 +12,7 @@ from omni_backend.builtin_checkpoints import builtin_name, written_once
 __all__ = ["BUILTIN", "resolve_checkpoint"]
 
 BUILTIN = {"voxcpm2_tiny_random": ("tiny", 0)}    # name: (shape, seed)
-_VERSION = "v1"  # bump when the writer changes what it writes
+_VERSION = "v2"  # bump when the writer changes what it writes
 
 
 def resolve_checkpoint(model: str) -> str:

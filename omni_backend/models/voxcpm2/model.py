@@ -108,18 +108,41 @@ def load_model(path: str, device: str | torch.device = "cpu", dtype: torch.dtype
                ) -> tuple[VoxCPM2, AudioVAE]:
     """The language model (in ``dtype``, default the config's) and the AudioVAE (float32) from a
     checkpoint folder in the released layout."""
-    from safetensors.torch import load_file
-
     config = load_config(path)
     if dtype is None:
         dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
                  "fp16": torch.float16}.get(config.dtype, torch.float32)
     model = VoxCPM2(config)
-    _load_strict(model, load_file(os.path.join(path, "model.safetensors")), "model.safetensors")
-    vae = AudioVAE(config.audio_vae_config)
-    _load_strict(vae, load_file(os.path.join(path, "audiovae.safetensors")), "audiovae.safetensors")
+    _load_strict(model, *_weights(path, "model.safetensors", "pytorch_model.bin"))
     # the rope tables follow the model's dtype, as the reference's buffers do
-    return model.to(device=device, dtype=dtype).eval(), vae.to(device=device, dtype=torch.float32).eval()
+    return model.to(device=device, dtype=dtype).eval(), load_audio_vae(path, config).to(device=device)
+
+
+def load_audio_vae(path: str, config: VoxCPM2Config | None = None) -> AudioVAE:
+    """The checkpoint's AudioVAE, float32 on the CPU."""
+    vae = AudioVAE((config or load_config(path)).audio_vae_config)
+    _load_strict(vae, *_weights(path, "audiovae.safetensors", "audiovae.pth"))
+    return vae.to(torch.float32).eval()
+
+
+def _weights(path: str, safetensors_name: str, torch_name: str) -> tuple[dict, str]:
+    """A state dict and the file it came from, found as the reference finds it: the safetensors
+    file, else the PyTorch one (a ``{"state_dict": ...}`` wrapper unwrapped). The released VoxCPM2
+    ships ``model.safetensors`` beside ``audiovae.pth``."""
+    file = os.path.join(path, safetensors_name)
+    if os.path.exists(file):
+        from safetensors.torch import load_file
+
+        return load_file(file), safetensors_name
+    file = os.path.join(path, torch_name)
+    if not os.path.exists(file):
+        raise FileNotFoundError(f"{path}: no {safetensors_name} or {torch_name}")
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{file}: expected a state dict of tensors")
+    return state, torch_name
 
 
 def _load_strict(module: nn.Module, state: dict, file: str) -> None:

@@ -8,11 +8,12 @@ fields: ``lm_config``, ``encoder_config``, ``dit_config`` with ``cfm_config``,
 ``audio_vae_config``, patch size, residual layers, scalar quantizer), ``model.safetensors`` (the
 backbone ``base_lm``, ``residual_lm``, the local encoder ``feat_encoder``, the diffusion transformer
 ``feat_decoder.estimator``, ``fsq_layer``, the projections and the stop head),
-``audiovae.safetensors`` (the AudioVAE with weight-normed convolutions as ``weight_g`` /
-``weight_v``) and a Llama-style byte-fallback BPE tokenizer (``tokenizer.json``) of this project's
+``audiovae.pth`` (the AudioVAE's ``{"state_dict": ...}``, weight-normed convolutions as
+``weight_g`` / ``weight_v``) and a Llama-style byte-fallback BPE tokenizer (``tokenizer.json``) of this project's
 own, with multi-character Chinese tokens so that the reference's per-character split matters.
-The reference's ``VoxCPM2Model.from_local`` loads every shape with no missing or unexpected keys
-(tests/unit/test_voxcpm2_checkpoint.py).
+Our loader takes every shape with no missing or unexpected key, and the reference's
+``VoxCPM2Model.from_local`` (which loads leniently) computes from the same weights what ours does
+(tests/unit/test_voxcpm2_checkpoint.py, test_voxcpm2_parity.py).
 
 Shapes (:data:`SHAPES`) differ in backbone and residual depth, widths, heads, patch size, latent
 width and the VAE's rates. The dtype is ``float32`` (the released one is ``bfloat16``) so that the
@@ -362,7 +363,9 @@ def write_random_checkpoint(out: str, shape: str = "tiny", seed: int = 0) -> str
     model = {n: _draw(n, s, k, seed, vae).contiguous() for n, s, k in model_specs}
     audio_vae = {n: _draw(n, s, k, seed, vae).contiguous() for n, s, k in vae_specs}
     save_file(model, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    save_file(audio_vae, os.path.join(out, "audiovae.safetensors"), metadata={"format": "pt"})
+    # as released: the language model in safetensors, the AudioVAE a PyTorch file holding
+    # {"state_dict": ...}
+    torch.save({"state_dict": audio_vae}, os.path.join(out, "audiovae.pth"))
     with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg, f, indent=2)
     with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:

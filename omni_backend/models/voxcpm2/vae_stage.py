@@ -23,21 +23,15 @@ from .builtin import resolve_checkpoint
 
 class VAEStage(BatchedStage):
     def load(self) -> None:
-        from .audio_vae import AudioVAE
         from .config import load_config
-
-        import os
-
-        from safetensors.torch import load_file
+        from .model import load_audio_vae
 
         sd = self.stage_deploy
         torch.set_num_threads(sd.threads)
         path = resolve_checkpoint(self.model_path)
-        cfg = load_config(path).audio_vae_config
-        vae = AudioVAE(cfg)
-        state = load_file(os.path.join(path, "audiovae.safetensors"))
-        state.setdefault("decoder.sr_bin_boundaries", vae.state_dict()["decoder.sr_bin_boundaries"])
-        vae.load_state_dict(state)
+        config = load_config(path)
+        vae = load_audio_vae(path, config)
+        cfg = config.audio_vae_config
         self.device = torch.device(sd.device)
         self.vae = vae.to(self.device, torch.float32).eval()
         self.hop = cfg.decode_hop_length
