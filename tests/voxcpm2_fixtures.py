@@ -42,7 +42,7 @@ VOXCPM2_JOBS = [
     {"id": "long", "text": ("This is a longer sentence that goes on for a while, so that the backbone runs many "
                             "steps; the speech keeps going until the stop head says so, or the bound is hit."),
      "seed": 7, "min_len": 20, "max_len": 40, "inference_timesteps": 3, "cfg_value": 2.5},
-    {"id": "mixed", "text": "Hello 你好, we speak 中国 words.", "seed": 11, "min_len": 2, "inference_timesteps": 10},
+    {"id": "mixed", "text": "Hello 你好, we speak 中国 words to 大人.", "seed": 11, "min_len": 2, "inference_timesteps": 10},
     {"id": "clone_en", "text": "Hello again.", "prompt_text": "the reference speaks.", "recording": True,
      "seed": 5, "min_len": 4, "inference_timesteps": 5},
     {"id": "clone_zh", "text": "今天我们合成语音。", "prompt_text": "你好世界。", "recording": True,

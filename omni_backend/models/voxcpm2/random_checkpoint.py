@@ -86,8 +86,9 @@ SHAPES: dict[str, Shape] = {
 
 _SPECIALS = {0: "<unk>", 1: "<s>", 2: "</s>", AUDIO_START: "<|audio_start|>", AUDIO_END: "<|audio_end|>",
              REF_AUDIO_START: "<|ref_audio_start|>", REF_AUDIO_END: "<|ref_audio_end|>"}
+# "▁大人": a Chinese token whose text without "▁" is no token, which the reference does not split
 _ENGLISH_WORDS = ["▁the", "▁hello", "ing", "er", "an", "on", "re", "en", "▁a", "▁s", "▁w", "ou", "is",
-                  "▁i", "ll", "or", "▁this", "▁speech"]
+                  "▁i", "ll", "or", "▁this", "▁speech", "▁大人"]
 _CHINESE_WORDS = ["你好", "世界", "今天", "天气", "我们", "语音", "合成", "中国"]
 _CHINESE_CHARS = sorted(set("".join(_CHINESE_WORDS) + "的是一个不了在人有这上大来说"))
 

@@ -16,12 +16,15 @@ class TextTokenizer:
     def __init__(self, path: str):
         self._tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
         self._unk = self._tok.token_to_id("<unk>")
+        # as the reference: a token is split when its text without "▁" is itself such a vocabulary
+        # token ("▁大人" stays whole unless "大人" is in the vocabulary)
+        self._multichar = {t for t in self._tok.get_vocab(with_added_tokens=True) if _is_multichar_chinese(t)}
 
     def __call__(self, text: str) -> list[int]:
         ids = []
         for token in self._tok.encode(text, add_special_tokens=False).tokens:
             clean = token.replace("▁", "")
-            pieces = list(clean) if _is_multichar_chinese(clean) else [token]
+            pieces = list(clean) if clean in self._multichar else [token]
             for piece in pieces:
                 i = self._tok.token_to_id(piece)
                 ids.append(self._unk if i is None else i)
