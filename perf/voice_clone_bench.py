@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -57,6 +56,7 @@ def encoding(threads: int) -> None:
 
     from hibari import Hibari
     from omni_backend.models.qwen3_tts.random_checkpoint import checkpoint_config, write_random_checkpoint
+    from omni_backend.models.qwen3_tts.config import Qwen3TTSConfig
     from omni_backend.models.qwen3_tts.speaker_encoder import SpeakerEncoder
     from omni_backend.models.qwen3_tts.speech_encoder import SpeechEncoder
     from omni_backend.models.qwen3_tts.random_speech_tokenizer import write_speech_tokenizer
@@ -67,14 +67,14 @@ def encoding(threads: int) -> None:
                      seed=0)
     work = tempfile.mkdtemp(prefix="voice-bench-")
     tiny = write_random_checkpoint(os.path.join(work, "tiny"), "tiny", "base", 0)
-    encoder = VoiceEncoder.from_checkpoint(tiny, json.load(open(os.path.join(tiny, "config.json")))["speaker_encoder_config"])
+    encoder = VoiceEncoder.from_checkpoint(tiny, dict(Qwen3TTSConfig.from_dict(checkpoint_config("tiny", "base")).speaker_encoder))
     rows = [("tiny", "in-context (codes + x-vector)", _timed(lambda: encoder.encode(audio, 24000, "x"), 5)),
             ("tiny", "x-vector only", _timed(lambda: encoder.encode(audio, 24000, None, True), 5))]
     write_speech_tokenizer(os.path.join(work, "real_st"), "0.6b", 0)
     mimi = SpeechEncoder.from_checkpoint(os.path.join(work, "real_st"))
     rows.append(("released shape", "Mimi encoder (codes)", _timed(lambda: mimi.encode(audio), 3)))
     for size in ("0.6b", "1.7b"):
-        ecapa = SpeakerEncoder(checkpoint_config(size, "base")["speaker_encoder_config"]).eval()
+        ecapa = SpeakerEncoder(Qwen3TTSConfig.from_dict(checkpoint_config(size, "base")).speaker_encoder).eval()
         rows.append((f"released shape {size}", "ECAPA-TDNN (x-vector)", _timed(lambda: ecapa.embed(audio), 3)))
     print(f"\nEncoding a {len(audio) / 24000:.1f} s reference, {threads} thread(s):\n")
     print("| checkpoint | part | ms |\n|---|---|---|")

@@ -17,7 +17,7 @@ BUILTIN = {
     "qwen3_tts_tiny_random": ("tiny", "custom_voice", 0),
     "qwen3_tts_tiny_random_base": ("tiny", "base", 0),
 }
-_VERSION = "v1"  # bump when the writer changes what it writes
+_VERSION = "v2"  # bump when the writer changes what it writes
 
 
 def resolve_checkpoint(model: str) -> str:

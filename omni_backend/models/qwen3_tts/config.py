@@ -147,6 +147,15 @@ class TalkerConfig:
         return tuple(i for i in range(self.vocab_size - 1024, self.vocab_size) if i != self.codec_eos_token_id)
 
 
+# The reference's Qwen3TTSSpeakerEncoderConfig defaults: released base checkpoints write only
+# ``enc_dim`` and ``sample_rate`` and leave the rest to them.
+SPEAKER_ENCODER_DEFAULTS: Mapping[str, Any] = {
+    "mel_dim": 128, "enc_dim": 1024, "enc_channels": [512, 512, 512, 512, 1536],
+    "enc_kernel_sizes": [5, 3, 3, 3, 1], "enc_dilations": [1, 2, 3, 4, 1], "enc_attention_channels": 128,
+    "enc_res2net_scale": 8, "enc_se_channels": 128, "sample_rate": 24000,
+}
+
+
 @dataclass(frozen=True)
 class Qwen3TTSConfig:
     talker: TalkerConfig
@@ -182,7 +191,7 @@ class Qwen3TTSConfig:
             tts_bos_token_id=int(raw.get("tts_bos_token_id", 151672)),
             tts_eos_token_id=int(raw.get("tts_eos_token_id", 151673)),
             transformers_version=raw.get("transformers_version"),
-            speaker_encoder=dict(raw.get("speaker_encoder_config") or {}),
+            speaker_encoder={**SPEAKER_ENCODER_DEFAULTS, **(raw.get("speaker_encoder_config") or {})},
             raw=raw,
         )
 

@@ -44,6 +44,7 @@ from omni_backend.models.qwen3_common.random_weights import (
     write_json,
 )
 
+from .config import SPEAKER_ENCODER_DEFAULTS
 from .random_speech_tokenizer import write_speech_tokenizer
 
 __all__ = ["SIZES", "MODEL_TYPES", "checkpoint_config", "write_random_checkpoint", "rig_eos_after", "main"]
@@ -130,12 +131,7 @@ def checkpoint_config(size: str, model_type: str, dtype: str | None = None) -> d
         "tts_model_type": model_type,
         "im_start_token_id": 151644, "im_end_token_id": 151645,
         "tts_pad_token_id": 151671, "tts_bos_token_id": 151672, "tts_eos_token_id": 151673,
-        "speaker_encoder_config": {
-            "mel_dim": 128, "enc_dim": s.hidden, "enc_channels": list(s.speaker_channels),
-            "enc_kernel_sizes": [5, 3, 3, 3, 1], "enc_dilations": [1, 2, 3, 4, 1],
-            "enc_attention_channels": s.speaker_attention, "enc_res2net_scale": 8,
-            "enc_se_channels": s.speaker_se, "sample_rate": 24000,
-        },
+        **({"speaker_encoder_config": _speaker_encoder_config(s)} if model_type == "base" else {}),
         "talker_config": {
             "model_type": "qwen3_tts_talker",
             "vocab_size": CODEC_VOCAB, "hidden_size": s.hidden, "intermediate_size": s.intermediate,
@@ -205,8 +201,17 @@ def _tensor_list(config: dict) -> list[TensorSpec]:
     if c != h:
         _linear(out, "talker.code_predictor.small_to_mtp_projection", c, h, bias=True)
     if config["tts_model_type"] == "base":
-        out.extend(_speaker_encoder_list(config["speaker_encoder_config"]))
+        out.extend(_speaker_encoder_list({**SPEAKER_ENCODER_DEFAULTS, **config["speaker_encoder_config"]}))
     return out
+
+
+def _speaker_encoder_config(s: Shape) -> dict:
+    """As released (base checkpoints only): ``enc_dim`` and ``sample_rate``, plus whatever differs
+    from the reference's defaults (the small shapes' widths)."""
+    own = {"enc_channels": list(s.speaker_channels), "enc_attention_channels": s.speaker_attention,
+           "enc_se_channels": s.speaker_se}
+    return {"enc_dim": s.hidden, "sample_rate": 24000,
+            **{k: v for k, v in own.items() if v != SPEAKER_ENCODER_DEFAULTS[k]}}
 
 
 def _speaker_encoder_list(cfg: dict) -> list[TensorSpec]:

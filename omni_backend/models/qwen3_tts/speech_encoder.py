@@ -52,13 +52,21 @@ class _CausalConv:
         return F.conv1d(x, self.weight, self.bias, self.stride, 0, self.dilation)
 
 
+# transformers' MimiConfig defaults for what this encoder reads
+MIMI_DEFAULTS: Mapping = {"upsampling_ratios": [8, 6, 5, 4], "num_residual_layers": 1, "dilation_growth_rate": 2,
+                          "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
+                          "hidden_size": 512, "num_quantizers": 32, "num_semantic_quantizers": 1,
+                          "norm_eps": 1e-5, "rope_theta": 10000.0}
+
+
 class SpeechEncoder:
     """Mimi encoder + the first ``num_quantizers`` quantizers (module doc). ``encode(audio_24k)``
     returns int64 codes ``[frames, num_quantizers]``."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], config: Mapping, num_quantizers: int = 16,
                  downsample_rate: int = 1920, sample_rate: int = 24000) -> None:
-        self.config = dict(config)
+        # a key the checkpoint leaves out takes MimiConfig's default, as the reference's MimiModel
+        self.config = {**MIMI_DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
         self.num_quantizers = int(num_quantizers)
         self.downsample_rate = int(downsample_rate)
         self.sample_rate = int(sample_rate)
