@@ -39,8 +39,9 @@ VOXCPM2_JOBS = [
     {"id": "en", "text": "Hello the world, this is speech.", "seed": 3, "min_len": 6, "inference_timesteps": 6},
     {"id": "zh", "text": "你好世界，今天天气很好。", "seed": 1, "cfg_value": 1.5, "inference_timesteps": 4,
      "min_len": 3},
-    {"id": "long", "text": ("This is a longer sentence that goes on for a while, so that the backbone runs many "
-                            "steps; the speech keeps going until the stop head says so, or the bound is hit."),
+    # newlines and runs of spaces: the package's generate makes each one space
+    {"id": "long", "text": ("This is a longer sentence that goes on for a while,\nso that the backbone runs  many "
+                            "steps;\n\n the speech keeps going until the stop head says so, or the bound is hit."),
      "seed": 7, "min_len": 20, "max_len": 40, "inference_timesteps": 3, "cfg_value": 2.5},
     {"id": "mixed", "text": "Hello 你好, we speak 中国 words to 大人.", "seed": 11, "min_len": 2, "inference_timesteps": 10},
     {"id": "clone_en", "text": "Hello again.", "prompt_text": "the reference speaks.", "recording": True,

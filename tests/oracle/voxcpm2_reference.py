@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -39,6 +40,9 @@ def main() -> int:
     report = {"meta": {"sample_rate": int(model.sample_rate), "patch_size": int(model.patch_size),
                        "feat_dim": int(model.feat_dim)}, "jobs": {}}
     for job in jobs:
+        # the package's public VoxCPM.generate (core.py) does this to the target text before the
+        # model's generate_with_prompt_cache, which is called here for its latents
+        job = {**job, "text": re.sub(r"\s+", " ", job["text"].replace("\n", " "))}
         kw = {k: job[k] for k in ("min_len", "max_len", "inference_timesteps", "cfg_value") if k in job}
         cache = None
         if job.get("prompt_wav"):

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 REF_AUDIO_MAX_BYTES = 10 * 1024 * 1024
 REF_AUDIO_MAX_CHARS = REF_AUDIO_MAX_BYTES * 4 // 3 + 256   # base64 of 10 MiB plus a data-URL header
-# the reference's defaults (VoxCPM2Model.generate); seed: the noise of request 0 unless given
-DEFAULTS = {"cfg_value": 2.0, "inference_timesteps": 10, "min_len": 2, "max_len": 2000, "seed": 0}
+# the defaults of the package's public VoxCPM.generate; seed: the noise of request 0 unless given
+DEFAULTS = {"cfg_value": 2.0, "inference_timesteps": 10, "min_len": 2, "max_len": 4096, "seed": 0}
 
 
 class VoxCPM2Adapter(TTSAdapter):

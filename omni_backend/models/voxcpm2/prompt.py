@@ -4,6 +4,7 @@ ending in ``<|audio_start|>`` (id 101), then, when cloning from a recording with
 Also the prompt cache of a recording: its latent patches, encoded once."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -26,10 +27,17 @@ class Prompt:
         return int(self.text_token.shape[0])
 
 
+def normalize_whitespace(text: str) -> str:
+    """The package's ``VoxCPM.generate`` speaks the target text with every run of whitespace
+    (newlines included) made one space; the transcript of a recording is taken as it is."""
+    return re.sub(r"\s+", " ", text.replace("\n", " "))
+
+
 def build_prompt(tokenize, text: str, patch_size: int, feat_dim: int, prompt_text: str = "",
                  prompt_feat: torch.Tensor | None = None, streaming_prefix_len: int = 4) -> Prompt:
     """Zero-shot (``prompt_feat`` None) or continuation (a recording's patches [N, P, D] and its
     transcript ``prompt_text``)."""
+    text = normalize_whitespace(text)
     full = (prompt_text + text) if prompt_feat is not None else text
     tokens = torch.LongTensor(tokenize(full) + [AUDIO_START_TOKEN])
     n_text = tokens.shape[0]
