@@ -15,7 +15,7 @@ __all__ = ["BUILTIN", "SNAC_FOLDER", "resolve_checkpoint", "snac_folder"]
 
 BUILTIN = {"orpheus_tiny_random": ("tiny", 0)}    # name: (shape, seed)
 SNAC_FOLDER = "snac_24khz"
-_VERSION = "v1"  # bump when a writer changes what it writes
+_VERSION = "v2"  # bump when a writer changes what it writes
 
 
 def resolve_checkpoint(model: str) -> str:

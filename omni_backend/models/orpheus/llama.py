@@ -51,6 +51,13 @@ class LlamaConfig:
         eos = d.get("eos_token_id")
         eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
         scaling = d.get("rope_scaling")
+        theta = d.get("rope_theta")
+        # transformers 5 saves both in one `rope_parameters` (a fine-tune re-saved with it)
+        params = d.get("rope_parameters")
+        if isinstance(params, dict):
+            theta = params.get("rope_theta", theta)
+            if scaling is None:
+                scaling = dict(params)
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type"))
             if kind not in ("llama3", "default"):
@@ -61,7 +68,7 @@ class LlamaConfig:
                    intermediate_size=int(d["intermediate_size"]), num_hidden_layers=int(d["num_hidden_layers"]),
                    num_attention_heads=heads, num_key_value_heads=int(d.get("num_key_value_heads") or heads),
                    head_dim=int(d.get("head_dim") or d["hidden_size"] // heads),
-                   rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=float(d.get("rope_theta", 10000.0)),
+                   rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=float(10000.0 if theta is None else theta),
                    rope_scaling=scaling, max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
                    tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), eos_token_ids=eos)
 

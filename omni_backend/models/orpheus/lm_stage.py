@@ -38,7 +38,7 @@ class OrpheusLMStage(StageModel):
         self.prompt = OrpheusPrompt(path)
         self.tokens = self.prompt.tokens
         eos = stop_token_ids(path, self.tokens.end_of_speech)
-        self.default_params = default_params(path, sd.default_sampling_params)
+        self.default_params = default_params(sd.default_sampling_params)
         if sd.engine == "vllm":
             from omni_backend.engine.vllm_engine import VLLMEngine, engine_options
 

@@ -124,9 +124,11 @@ def write_random_orpheus(out_dir: str | Path, shape: str = "tiny", seed: int = 0
     config = json.loads((out / "config.json").read_text())
     config.update(bos_token_id=BOS, eos_token_id=[CUSTOM_BASE + 2, EOT])
     (out / "config.json").write_text(json.dumps(config, indent=2))
+    # sampling values of the base Llama's file, as a fine-tune inherits them: the package ignores
+    # them (sampling.py), and so must the server
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": BOS, "eos_token_id": [CUSTOM_BASE + 2, EOT],
-                                                            "do_sample": True, "temperature": 0.6, "top_p": 0.8,
-                                                            "repetition_penalty": 1.3}, indent=2))
+                                                            "do_sample": True, "temperature": 0.6, "top_p": 0.9},
+                                                           indent=2))
     write_tokenizer(out)
     return out
 

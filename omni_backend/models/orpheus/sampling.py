@@ -1,8 +1,10 @@
 """Orpheus's sampling defaults and a request's parameters over them (both engines).
 
-Defaults, later ones winning: the released server's (``generate_tokens_sync``: temperature 0.6,
-top_p 0.8, repetition penalty 1.3, 1200 tokens, no top-k), the checkpoint's
-``generation_config.json``, the deploy's ``default_sampling_params``.
+Defaults: the released package's (``generate_tokens_sync``: temperature 0.6, top_p 0.8, repetition
+penalty 1.3, 1200 tokens, no top-k), then the deploy's ``default_sampling_params``. The package passes
+its values explicitly, so a checkpoint's ``generation_config.json`` (a fine-tune's is often its base
+Llama's: top_p 0.9) does not change how it samples, and here it does not either; only its eos ids
+count (:func:`stop_token_ids`).
 """
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ __all__ = ["default_params", "params_from_request", "stop_token_ids"]
 
 RELEASED = SamplingParams(do_sample=True, temperature=0.6, top_k=0, top_p=0.8, repetition_penalty=1.3,
                           max_new_tokens=1200, min_new_tokens=0)
-_GENERATION_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
 REQUEST_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "max_new_tokens")
 
 
@@ -28,10 +29,8 @@ def _read_json(path: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def default_params(model_path: str, deploy_defaults: Mapping[str, Any]) -> SamplingParams:
-    generation = _read_json(os.path.join(model_path, "generation_config.json"))
-    values = {k: generation[k] for k in _GENERATION_KEYS if generation.get(k) is not None}
-    return dataclasses.replace(RELEASED, **values, **deploy_defaults).validate()
+def default_params(deploy_defaults: Mapping[str, Any]) -> SamplingParams:
+    return dataclasses.replace(RELEASED, **deploy_defaults).validate()
 
 
 def stop_token_ids(model_path: str, end_of_speech: int) -> frozenset[int]:
