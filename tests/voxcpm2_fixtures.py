@@ -10,7 +10,8 @@ Session-scoped fixtures:
 
 A job's arrays: ``text_token``, ``patches`` [N, P, D], ``waveform`` (non-streaming),
 ``streaming_waveform`` (the reference's stateful streaming decode) and, when cloning,
-``prompt_patches``; see tests/oracle/voxcpm2_reference.py. Without the oracle venv the reference
+``prompt_patches`` (continuation) / ``ref_patches`` (reference); see
+tests/oracle/voxcpm2_reference.py. Without the oracle venv the reference
 fixture skips; under ``CI=true`` it fails.
 """
 from __future__ import annotations
@@ -48,6 +49,11 @@ VOXCPM2_JOBS = [
      "seed": 5, "min_len": 4, "inference_timesteps": 5},
     {"id": "clone_zh", "text": "今天我们合成语音。", "prompt_text": "你好世界。", "recording": True,
      "seed": 2, "min_len": 5, "inference_timesteps": 4, "cfg_value": 3.0},
+    # the reference's other two cloning modes: the recording's voice alone, and both
+    {"id": "reference_en", "text": "Only the voice of the recording.", "reference": True, "seed": 4, "min_len": 3,
+     "inference_timesteps": 4},
+    {"id": "ultimate_zh", "text": "我们今天说中国话。", "prompt_text": "你好世界。", "recording": True, "reference": True,
+     "seed": 6, "min_len": 4, "inference_timesteps": 3},
 ]
 
 
@@ -97,6 +103,8 @@ def voxcpm2_jobs(voxcpm2_recording) -> list[dict]:
         job = dict(job)
         if job.pop("recording", False):
             job["prompt_wav"] = str(voxcpm2_recording)
+        if job.pop("reference", False):
+            job["reference_wav"] = str(voxcpm2_recording)
         jobs.append(job)
     return jobs
 

@@ -228,7 +228,8 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
         req.extensions["ref_audio"] = registered.data_url(voice)
         if voice.ref_text and "ref_text" not in req.extensions and not req.extensions.get("x_vector_only_mode"):
             req.extensions["ref_text"] = voice.ref_text
-        elif not voice.ref_text and "ref_text" not in req.extensions:
+        elif not voice.ref_text and "ref_text" not in req.extensions and info.accepts("x_vector_only_mode"):
+            # a pipeline without that flag clones from a recording alone by itself
             req.extensions["x_vector_only_mode"] = True
     else:
         voice = None

@@ -4,11 +4,13 @@
 
 A job: ``id``, ``text`` and optionally ``seed`` (default 0: the global generator is seeded with it
 right before generation, as a user of the reference does), ``cfg_value``, ``inference_timesteps``,
-``min_len``, ``max_len``, and for cloning ``prompt_wav`` (a 16-kHz wav path) with ``prompt_text``.
+``min_len``, ``max_len``, and for cloning ``prompt_wav`` (a 16-kHz wav path) with ``prompt_text``
+(continuation) and / or ``reference_wav`` (reference mode; both: ``ref_continuation``).
 Per job, ``<id>.npz`` holds ``text_token`` (the tokenizer's ids of the backbone's full text),
 ``patches`` [N, P, D] (the generated latents, ``generate_with_prompt_cache``), ``waveform`` (its
 non-streaming audio) and ``streaming_waveform`` (the reference's own stateful streaming decode of
-the same request, joined); ``reference.json`` has the summaries.
+the same request, joined), ``prompt_patches`` / ``ref_patches`` (the recordings' prompt cache);
+``reference.json`` has the summaries.
 """
 from __future__ import annotations
 
@@ -45,9 +47,10 @@ def main() -> int:
         job = {**job, "text": re.sub(r"\s+", " ", job["text"].replace("\n", " "))}
         kw = {k: job[k] for k in ("min_len", "max_len", "inference_timesteps", "cfg_value") if k in job}
         cache = None
-        if job.get("prompt_wav"):
-            cache = model.build_prompt_cache(prompt_text=job["prompt_text"], prompt_wav_path=job["prompt_wav"])
-        full_text = (job.get("prompt_text", "") + job["text"]) if cache else job["text"]
+        if job.get("prompt_wav") or job.get("reference_wav"):
+            cache = model.build_prompt_cache(prompt_text=job.get("prompt_text"), prompt_wav_path=job.get("prompt_wav"),
+                                             reference_wav_path=job.get("reference_wav"))
+        full_text = (job["prompt_text"] + job["text"]) if job.get("prompt_wav") else job["text"]
         torch.manual_seed(int(job.get("seed", 0)))
         audio, _, patches = model.generate_with_prompt_cache(target_text=job["text"], prompt_cache=cache, **kw)
         torch.manual_seed(int(job.get("seed", 0)))
@@ -57,8 +60,10 @@ def main() -> int:
         arrays = {"text_token": np.asarray(model.text_tokenizer(full_text), dtype=np.int64),
                   "patches": patches.float().numpy(), "waveform": audio[0].float().numpy(),
                   "streaming_waveform": streaming[0].float().numpy()}
-        if cache is not None:
+        if cache is not None and "audio_feat" in cache:
             arrays["prompt_patches"] = cache["audio_feat"].float().numpy()
+        if cache is not None and "ref_audio_feat" in cache:
+            arrays["ref_patches"] = cache["ref_audio_feat"].float().numpy()
         np.savez(os.path.join(args.out, f"{job['id']}.npz"), **arrays)
         report["jobs"][job["id"]] = {"job": job, "patches": int(patches.shape[0]),
                                      "samples": int(audio.shape[-1])}

@@ -37,14 +37,21 @@ def test_generate_equals_reference(shape, voxcpm2_reference, voxcpm2_jobs):
     lengths = []
     for job in voxcpm2_jobs:
         want = ref["jobs"][job["id"]]
-        prompt_feat = None
+        prompt_feat = ref_feat = None
         if job.get("prompt_wav"):
             audio, _ = sf.read(job["prompt_wav"], dtype="float32")
-            prompt_feat = encode_recording(vae, torch.from_numpy(audio), model.patch_size)
+            prompt_feat = encode_recording(vae, torch.from_numpy(audio), model.patch_size, "left")
             np.testing.assert_allclose(prompt_feat.numpy(), want["prompt_patches"], atol=LATENT_ATOL, rtol=0)
+        if job.get("reference_wav"):
+            audio, _ = sf.read(job["reference_wav"], dtype="float32")
+            ref_feat = encode_recording(vae, torch.from_numpy(audio), model.patch_size, "right")
+            np.testing.assert_allclose(ref_feat.numpy(), want["ref_patches"], atol=LATENT_ATOL, rtol=0)
         prompt = build_prompt(tokenize, job["text"], model.patch_size, model.feat_dim, job.get("prompt_text", ""),
-                              prompt_feat)
-        assert prompt.text_token[:len(want["text_token"])].tolist() == want["text_token"].tolist(), job["id"]
+                              prompt_feat, ref_feat)
+        if ref_feat is not None:
+            assert prompt.text_token[0] == 103 and len(prompt) > len(want["text_token"]) + ref_feat.shape[0]
+        text = prompt.text_token[prompt.text_mask.bool()][2:] if ref_feat is not None else prompt.text_token
+        assert text[:len(want["text_token"])].tolist() == want["text_token"].tolist(), job["id"]
         gen = generate_latents(model, prompt, seed=job["seed"], **_request(job))
         assert gen.patches.shape == want["patches"].shape, job["id"]
         np.testing.assert_allclose(gen.patches.numpy(), want["patches"], atol=LATENT_ATOL, rtol=0,

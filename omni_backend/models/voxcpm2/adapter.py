@@ -1,7 +1,10 @@
 """Request fields of VoxCPM2, as the reference's ``generate``: ``cfg_value``,
 ``inference_timesteps``, ``min_len`` / ``max_len`` (patches), ``seed`` (the diffusion noise), and
-voice cloning from a recording ``ref_audio`` with its transcript ``ref_text`` (the reference's
-continuation prompt: the transcript before the text, the recording's latents after it)."""
+voice cloning from a recording ``ref_audio`` in the reference's three modes (``clone_mode``):
+``continuation`` (the default with its transcript ``ref_text``: the transcript before the text, the
+recording's latents after it, so the speech goes on from it), ``reference`` (the default without a
+transcript: the recording between the reference-audio tokens before the text, its voice without
+its words) and ``ref_continuation`` (both, the reference's "ultimate cloning")."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -10,6 +13,7 @@ from omni_backend.adapters.base import MAX_PARAMS_BYTES, Param, TTSAdapter
 from omni_backend.errors import InvalidRequest
 
 from .family import OUTPUT_RATE
+from .prompt import CLONE_MODES
 
 if TYPE_CHECKING:
     from omni_backend.deploy import DeployConfig
@@ -33,8 +37,11 @@ class VoxCPM2Adapter(TTSAdapter):
               help="patch limit (also at most 6 per text token + 10, as the reference)"),
         Param("seed", int, default=DEFAULTS["seed"], lo=0, hi=2**63 - 1, help="seed of the diffusion noise"),
         Param("ref_audio", str, max_len=REF_AUDIO_MAX_CHARS,
-              help="voice to clone: data URL or base64 of wav/flac/mp3 (1-30 s, <= 10 MiB); needs ref_text"),
-        Param("ref_text", str, max_len=4096, help="the transcript of ref_audio"),
+              help="voice to clone: data URL or base64 of wav/flac/mp3 (1-30 s, <= 10 MiB)"),
+        Param("ref_text", str, max_len=4096, help="the transcript of ref_audio (for the continuation modes)"),
+        Param("clone_mode", str, choices=CLONE_MODES,
+              help="how ref_audio is used: continuation (default with ref_text), reference (its voice only; "
+                   "default without ref_text) or ref_continuation (both)"),
     )
 
     @classmethod
@@ -57,14 +64,30 @@ class VoxCPM2Adapter(TTSAdapter):
         return cls({"model_path": path})
 
     def check(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
-        if params.get("ref_audio") is not None:
-            if not (params.get("ref_text") or "").strip():
-                raise InvalidRequest("ref_text", "required with ref_audio (its transcript)")
+        mode = clone_mode(params)
+        if mode is None:
+            for name in ("ref_text", "clone_mode"):
+                if params.get(name) is not None:
+                    raise InvalidRequest(name, "only with ref_audio (the recording to clone)")
+        else:
+            has_text = bool((params.get("ref_text") or "").strip())
+            if mode == "reference" and params.get("ref_text") is not None:
+                raise InvalidRequest("ref_text", "not used by clone_mode reference (the recording's voice only)")
+            if mode != "reference" and not has_text:
+                raise InvalidRequest("ref_text", f"required with clone_mode {mode} (the transcript of ref_audio)")
             from omni_backend.reference_audio import decode_reference_audio
 
             decode_reference_audio(params["ref_audio"], "ref_audio")   # readable, within limits
-        elif params.get("ref_text") is not None:
-            raise InvalidRequest("ref_text", "only with ref_audio (the recording it transcribes)")
         if params["min_len"] >= params["max_len"]:
             raise InvalidRequest("min_len", f"must be below max_len ({params['max_len']})")
         return params
+
+
+def clone_mode(params: dict[str, Any]) -> str | None:
+    """The cloning mode of a request: none without ``ref_audio``; else ``clone_mode``, by default
+    ``continuation`` with ``ref_text`` and ``reference`` without."""
+    if params.get("ref_audio") is None:
+        return None
+    if params.get("clone_mode") is not None:
+        return params["clone_mode"]
+    return "continuation" if params.get("ref_text") is not None else "reference"

@@ -3,9 +3,9 @@
 
 Each response carries the patches made since the last one as LATENTS [frames, D] (``P`` latent
 frames per patch), with CONTEXT [1] (latent frames at its start that are the cloning recording's
-context, only in the first response) and PATCH_SIZE [1]. A recording (``ref_audio`` with its
-transcript ``ref_text``) is encoded once and cached by the sha256 of its payload
-(``omni_voice_encodings_total`` counts the encodings).
+context, only in the first response) and PATCH_SIZE [1]. A cloning recording (``ref_audio``) is
+encoded once per padding side (continuation pads on the left, a reference on the right) and cached
+by the sha256 of its payload (``omni_voice_encodings_total`` counts the encodings).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from omni_backend.triton.stage import StageModel
 
 from .builtin import resolve_checkpoint
 from .prompt import build_prompt, max_patches
-from .adapter import DEFAULTS
+from .adapter import DEFAULTS, clone_mode
 from .runner import VoxCPM2Params
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -52,15 +52,16 @@ class VoxCPM2LMStage(StageModel):
         self.recordings_size = int(os.environ.get("OMNI_VOICE_CACHE_SIZE", "256"))
         self.recordings_lock = threading.Lock()
 
-    def _recording(self, ref_audio: str) -> torch.Tensor:
+    def _recording(self, ref_audio: str, pad: str) -> torch.Tensor:
         from .recording import recording_patches
 
-        key = hashlib.sha256(ref_audio.encode("utf-8", "surrogatepass")).hexdigest()
+        # padded on another side, the same recording encodes to other patches
+        key = (hashlib.sha256(ref_audio.encode("utf-8", "surrogatepass")).hexdigest(), pad)
         with self.recordings_lock:
             if key in self.recordings:
                 self.recordings.move_to_end(key)
                 return self.recordings[key]
-            patches = recording_patches(self.vae, ref_audio, self.model.patch_size)
+            patches = recording_patches(self.vae, ref_audio, self.model.patch_size, pad=pad)
             self.recordings[key] = patches
             while len(self.recordings) > self.recordings_size:
                 self.recordings.popitem(last=False)
@@ -70,11 +71,14 @@ class VoxCPM2LMStage(StageModel):
     async def generate(self, ctx: StreamContext, request: dict[str, Any],
                        inputs: dict[str, np.ndarray]) -> AsyncIterator[list["pb_utils.Tensor"]]:
         m = self.model
-        prompt_feat = None
-        if request.get("ref_audio") is not None:
-            prompt_feat = await self.wait(ctx, self.run_blocking(self._recording, request["ref_audio"]))
+        prompt_feat = ref_feat = None
+        mode = clone_mode(request)
+        if mode in ("reference", "ref_continuation"):
+            ref_feat = await self.wait(ctx, self.run_blocking(self._recording, request["ref_audio"], "right"))
+        if mode in ("continuation", "ref_continuation"):
+            prompt_feat = await self.wait(ctx, self.run_blocking(self._recording, request["ref_audio"], "left"))
         prompt = build_prompt(self.tokenize, request["text"], m.patch_size, m.feat_dim,
-                              request.get("ref_text") or "", prompt_feat)
+                              request.get("ref_text") or "", prompt_feat, ref_feat)
         given = {k: request[k] for k in DEFAULTS if request.get(k) is not None}
         r = {**DEFAULTS, **given}
         extra = VoxCPM2Params(cfg_value=float(r["cfg_value"]), inference_timesteps=int(r["inference_timesteps"]),

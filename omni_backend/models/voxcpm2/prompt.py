@@ -1,7 +1,16 @@
-"""The backbone's input for one request (``voxcpm``'s ``_generate_with_prompt_cache``): text tokens
-ending in ``<|audio_start|>`` (id 101), then, when cloning from a recording with its transcript
-(continuation), the recording's latent patches, with the transcript before the target text.
-Also the prompt cache of a recording: its latent patches, encoded once."""
+"""The backbone's input for one request (``voxcpm``'s ``_generate_with_prompt_cache``), in the
+reference's three cloning modes:
+
+- zero-shot: text tokens ending in ``<|audio_start|>`` (id 101);
+- ``continuation``: a recording's transcript before the text, the recording's latent patches
+  after ``<|audio_start|>`` (the speech goes on from the recording);
+- ``reference``: the recording's patches between ``<|ref_audio_start|>`` (103) and
+  ``<|ref_audio_end|>`` (104) before the text (its voice, not its words);
+- ``ref_continuation``: both.
+
+Also the prompt cache of a recording: its latent patches, encoded once (padded on the left to whole
+patches for continuation, on the right for a reference).
+"""
 from __future__ import annotations
 
 import re
@@ -12,6 +21,8 @@ import torch
 from .audio_vae import AudioVAE
 
 AUDIO_START_TOKEN = 101
+REF_AUDIO_START_TOKEN, REF_AUDIO_END_TOKEN = 103, 104
+CLONE_MODES = ("continuation", "reference", "ref_continuation")
 
 
 @dataclass(frozen=True)
@@ -34,21 +45,38 @@ def normalize_whitespace(text: str) -> str:
 
 
 def build_prompt(tokenize, text: str, patch_size: int, feat_dim: int, prompt_text: str = "",
-                 prompt_feat: torch.Tensor | None = None, streaming_prefix_len: int = 4) -> Prompt:
-    """Zero-shot (``prompt_feat`` None) or continuation (a recording's patches [N, P, D] and its
-    transcript ``prompt_text``)."""
+                 prompt_feat: torch.Tensor | None = None, ref_feat: torch.Tensor | None = None,
+                 streaming_prefix_len: int = 4) -> Prompt:
+    """Zero-shot, or cloning (module doc): ``prompt_feat`` [N, P, D] with its transcript
+    ``prompt_text`` for continuation, ``ref_feat`` [M, P, D] for a reference, or both."""
     text = normalize_whitespace(text)
     full = (prompt_text + text) if prompt_feat is not None else text
-    tokens = torch.LongTensor(tokenize(full) + [AUDIO_START_TOKEN])
-    n_text = tokens.shape[0]
-    audio = prompt_feat if prompt_feat is not None else torch.empty((0, patch_size, feat_dim))
-    n_audio = audio.shape[0]
-    text_token = torch.cat([tokens, torch.zeros(n_audio, dtype=torch.long)])
-    feat = torch.cat([torch.zeros((n_text, patch_size, feat_dim)), audio.to(torch.float32)], dim=0)
-    text_mask = torch.cat([torch.ones(n_text, dtype=torch.int32), torch.zeros(n_audio, dtype=torch.int32)])
-    feat_mask = torch.cat([torch.zeros(n_text, dtype=torch.int32), torch.ones(n_audio, dtype=torch.int32)])
-    context = min(streaming_prefix_len - 1, n_audio) if n_audio else 0
-    context_patches = [audio[n_audio - context + i] for i in range(context)]
+    parts: list[tuple[torch.Tensor, torch.Tensor, bool]] = []    # (token ids, feats, is audio)
+
+    def words(ids: list[int]) -> None:
+        parts.append((torch.LongTensor(ids), torch.zeros((len(ids), patch_size, feat_dim)), False))
+
+    def audio(feat: torch.Tensor) -> None:
+        parts.append((torch.zeros(feat.shape[0], dtype=torch.long), feat.to(torch.float32), True))
+
+    if ref_feat is not None:
+        words([REF_AUDIO_START_TOKEN])
+        audio(ref_feat)
+        words([REF_AUDIO_END_TOKEN])
+    words(tokenize(full) + [AUDIO_START_TOKEN])
+    if prompt_feat is not None:
+        audio(prompt_feat)
+    text_token = torch.cat([ids for ids, _, _ in parts])
+    feat = torch.cat([f for _, f, _ in parts], dim=0)
+    feat_mask = torch.cat([torch.full((len(ids),), int(is_audio), dtype=torch.int32) for ids, _, is_audio in parts])
+    text_mask = 1 - feat_mask
+    # a prompt that ends in audio (continuation) decodes its last audio patches first, a
+    # reference's too when the continuation recording is shorter than that
+    context_patches: list = []
+    if prompt_feat is not None:
+        heard = feat[feat_mask.bool()]
+        context = min(streaming_prefix_len - 1, heard.shape[0])
+        context_patches = [heard[heard.shape[0] - context + i] for i in range(context)]
     return Prompt(text_token, text_mask, feat, feat_mask, context_patches, len(tokenize(text)))
 
 
@@ -57,13 +85,15 @@ def max_patches(prompt: Prompt, max_len: int, ratio: float = 6.0) -> int:
     return min(int(prompt.target_text_length * ratio + 10), max_len)
 
 
-def encode_recording(vae: AudioVAE, audio: torch.Tensor, patch_size: int) -> torch.Tensor:
+def encode_recording(vae: AudioVAE, audio: torch.Tensor, patch_size: int, pad: str = "left") -> torch.Tensor:
     """A mono recording at the VAE's ``sample_rate`` [samples] -> its latent patches [N, P, D],
-    padded on the left to whole patches (the reference's continuation prompt)."""
+    zero-padded to whole patches on the ``pad`` side (``left`` for continuation, ``right`` for a
+    reference, as the reference's ``_encode_wav``)."""
     patch_len = patch_size * vae.config.hop_length
     audio = audio.reshape(1, -1).to(torch.float32)
     if audio.size(1) % patch_len:
-        audio = torch.nn.functional.pad(audio, (patch_len - audio.size(1) % patch_len, 0))
+        extra = patch_len - audio.size(1) % patch_len
+        audio = torch.nn.functional.pad(audio, (extra, 0) if pad == "left" else (0, extra))
     with torch.inference_mode():
         feat = vae.encode(audio)
     d = vae.config.latent_dim

@@ -1,5 +1,6 @@
 """A cloning recording (``ref_audio``) -> the prompt cache the reference builds once per
-recording (``build_prompt_cache``: its latent patches, padded on the left to whole patches).
+recording (``build_prompt_cache``: its latent patches, padded to whole patches on the left for
+continuation, on the right for a reference).
 
 Uploaded bytes are read and checked by the same rules as every cloning family's
 (:func:`omni_backend.reference_audio.decode_reference_audio`: wav / flac / mp3,
@@ -35,7 +36,8 @@ def resample_as_reference(audio: np.ndarray, rate: int, target: int) -> np.ndarr
     return np.asarray(out, dtype=np.float32)
 
 
-def recording_patches(vae: AudioVAE, ref_audio: str, patch_size: int, field: str = "ref_audio") -> torch.Tensor:
+def recording_patches(vae: AudioVAE, ref_audio: str, patch_size: int, field: str = "ref_audio",
+                      pad: str = "left") -> torch.Tensor:
     audio, rate = decode_reference_audio(ref_audio, field)
     audio = resample_as_reference(audio, rate, vae.config.sample_rate)
-    return encode_recording(vae, torch.from_numpy(np.ascontiguousarray(audio)), patch_size)
+    return encode_recording(vae, torch.from_numpy(np.ascontiguousarray(audio)), patch_size, pad)
