@@ -167,6 +167,15 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+def zero_temperature_is_greedy(params: dict[str, Any]) -> None:
+    """Temperature 0 means greedy decoding, as in OpenAI's and vLLM's APIs (``vllm bench serve
+    --temperature 0`` sends it): ``do_sample`` false, no temperature."""
+    if params.get("temperature") == 0.0:
+        if params.get("do_sample"):
+            raise InvalidRequest("temperature", "0 means greedy, but do_sample is true")
+        params["do_sample"], params["temperature"] = False, None
+
+
 class TTSAdapter:
     """Validates a request for one pipeline and builds the request its first stages receive.
 
@@ -214,6 +223,8 @@ class TTSAdapter:
                 # `<field>:` of the message: the field is PARAMS itself.
                 raise InvalidRequest("params", f"unknown parameter {shown(k)}; allowed: {allowed}")
         out = {name: spec.check(raw.get(name)) for name, spec in specs.items()}
+        if "temperature" in specs and "do_sample" in specs:
+            zero_temperature_is_greedy(out)
         out = self.check(text, out)
         out["text"] = text
         return out

@@ -143,3 +143,17 @@ def test_qwen3_errors_name_the_field(qwen3_adapters, kind, params):
         qwen3_adapters[kind].validate(b"Hello.", params.encode())
     assert ERROR.fullmatch(str(e.value))["field"] == field, str(e.value)
     str(e.value).encode("utf-8")
+
+
+def test_temperature_zero_is_greedy(qwen3_adapters):
+    """As OpenAI's and vLLM's APIs (`vllm bench serve --temperature 0`): 0 means greedy, and asking
+    for sampling with it is an error naming temperature."""
+    from omni_backend.models.orpheus.adapter import OrpheusAdapter
+
+    for adapter in (qwen3_adapters["cv"], OrpheusAdapter()):
+        r = adapter.validate(b"Hello.", b'{"temperature": 0}')
+        assert r["do_sample"] is False and r["temperature"] is None
+        assert adapter.validate(b"Hello.", b'{"temperature": 0.7}')["temperature"] == 0.7
+        with pytest.raises(InvalidRequest) as e:
+            adapter.validate(b"Hello.", b'{"temperature": 0, "do_sample": true}')
+        assert ERROR.fullmatch(str(e.value))["field"] == "temperature"

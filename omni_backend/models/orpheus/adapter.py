@@ -15,7 +15,7 @@ SAMPLING = (
     Param("seed", int, lo=0, hi=2**63 - 1, help="sampling seed; unset = random (the codec's noise: 0)"),
     Param("max_new_tokens", int, lo=7, hi=8192, help="token limit (7 tokens per 85 ms frame)"),
     Param("do_sample", bool),
-    Param("temperature", float, lo=1e-3, hi=5.0),
+    Param("temperature", float, lo=0.0, hi=5.0, help="0 = greedy"),
     Param("top_k", int, lo=0, hi=200000),
     Param("top_p", float, lo=1e-3, hi=1.0),
     Param("repetition_penalty", float, lo=1.0, hi=5.0),

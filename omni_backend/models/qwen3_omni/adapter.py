@@ -184,10 +184,6 @@ class Qwen3OmniAdapter(TTSAdapter):
             if speaker not in self.speakers:
                 raise InvalidRequest("speaker", f"unknown speaker {speaker!r}; known: {', '.join(self.speakers)}")
             params["speaker"] = speaker
-        if params.get("temperature") == 0.0:   # OpenAI's greedy
-            if params.get("do_sample"):
-                raise InvalidRequest("temperature", "0 means greedy, but do_sample is true")
-            params["do_sample"], params["temperature"] = False, None
         if not params["return_audio"]:
             given = [p.name for p in self.params if p.name in AUDIO_ONLY - {"speaker"} and params.get(p.name) is not None]
             if given:

@@ -58,7 +58,7 @@ class Qwen3TTSAdapter(TTSAdapter):
         Param("max_new_tokens", int, lo=1, hi=8192, help="frame limit (12.5 frames per second)"),
         Param("ignore_eos", bool, help="generate up to max_new_tokens, eos never ends it (benchmarks)"),
         Param("do_sample", bool),
-        Param("temperature", float, lo=1e-3, hi=5.0),
+        Param("temperature", float, lo=0.0, hi=5.0, help="0 = greedy"),
         Param("top_k", int, lo=0, hi=3072),
         Param("top_p", float, lo=1e-3, hi=1.0),
         Param("repetition_penalty", float, lo=1.0, hi=5.0),
