@@ -189,6 +189,14 @@ class Catalog:
             return self.default_pipeline
         return None
 
+    def default_model(self) -> str | None:
+        """What a request without `model` means (vLLM-Omni's clients may send none): the
+        pipeline behind OpenAI's model names while it is served, else the only pipeline served."""
+        if self._live(self.default_pipeline):
+            return self.default_pipeline
+        live = sorted(self.pipelines())
+        return live[0] if len(live) == 1 else None
+
     def model_names(self) -> list[str]:
         names = sorted(self.pipelines())
         names += sorted(n for n, p in self.model_names_given.items() if self._live(p) and n not in names)

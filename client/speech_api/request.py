@@ -29,8 +29,9 @@ STREAM_FORMATS = ("audio", "sse")
 SPEED_RANGE = (0.25, 4.0)
 OPENAI_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed", "stream_format")
 # Fields of vLLM-Omni's speech API handled by the shim itself: `stream` (true: streamed, the
-# default; false: the whole file in one response with its length).
-SHIM_FIELDS = ("stream",)
+# default; false: the whole file in one response with its length), `speaker` (its other name of
+# `voice`).
+SHIM_FIELDS = ("stream", "speaker")
 # Extensions shared with vLLM-Omni's speech API; passed to pipelines whose adapter accepts them.
 # `ignore_eos` (its benchmark sends it): generate up to `max_new_tokens`; false is every
 # pipeline's own behaviour, so it is only passed on where the pipeline accepts the field.
@@ -38,12 +39,14 @@ EXTENSION_FIELDS = ("task_type", "language", "seed", "max_new_tokens", "initial_
                     "ref_audio", "ref_text", "x_vector_only_mode", "ignore_eos")
 MAX_REF_AUDIO_CHARS = 16 * 1024 * 1024
 # An extension may have another name in a pipeline's adapter; the first name it accepts is used.
-EXTENSION_PARAM_NAMES = {"initial_codec_chunk_frames": ("initial_codec_chunk_frames", "initial_chunk_frames")}
+EXTENSION_PARAM_NAMES = {"initial_codec_chunk_frames": ("initial_codec_chunk_frames", "initial_chunk_frames"),
+                         # a model that counts its steps in patches calls the step limit max_len
+                         "max_new_tokens": ("max_new_tokens", "max_len")}
 
 
 @dataclass
 class SpeechRequest:
-    model: str
+    model: str | None    # None: the server's default model
     input: str
     voice: str | None   # None: the model's default voice (vLLM-Omni's clients send none)
     response_format: str = "mp3"
@@ -107,6 +110,10 @@ def _boolean(body: dict, name: str) -> bool | None:
 
 
 def _voice(body: dict) -> str | None:
+    if body.get("speaker") is not None:   # vLLM-Omni's other name for it
+        if body.get("voice") is not None and body["voice"] != body["speaker"]:
+            raise invalid_request("speaker", "speaker: another name for voice; give one of them")
+        body = {**body, "voice": body["speaker"]}
     value = _optional(body, "voice")
     if isinstance(value, dict):  # OpenAI's custom-voice form {"id": "..."}
         unknown = set(value) - {"id"}
@@ -165,14 +172,15 @@ def parse_speech_body(body: Any) -> SpeechRequest:
             allowed = ", ".join(OPENAI_FIELDS + SHIM_FIELDS + EXTENSION_FIELDS)
             raise invalid_request(None, f"unknown field {shown(name)}; allowed: {allowed} and the model's "
                                         "parameters", code="unknown_parameter")
-    model = _string(body, "model", required=True)
-    if not model.strip():
+    # vLLM-Omni's clients may leave `model` out: the server's default model (routes.py)
+    model = _string(body, "model")
+    if model is not None and not model.strip():
         raise invalid_request("model", "model: is empty")
     text = _string(body, "input", required=True, max_len=MAX_INPUT_CHARS)
     if not text.strip():
         raise invalid_request("input", "input: is empty")
     req = SpeechRequest(
-        model=model.strip(), input=text, voice=_voice(body),
+        model=model.strip() if model is not None else None, input=text, voice=_voice(body),
         response_format=_choice(body, "response_format", RESPONSE_FORMATS, "mp3"),
         speed=_speed(body),
         stream_format=_choice(body, "stream_format", STREAM_FORMATS, "audio"),
@@ -255,6 +263,10 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
     stock = req.voice is None or req.voice.lower() in OPENAI_VOICES
     if voice is not None or req.voice is None:
         pass  # the registered voice is the reference audio
+    elif info.clones_voices and "ref_audio" in req.extensions:
+        # the recording is the voice; vLLM-Omni's clients send a preset name beside it anyway
+        if not stock:
+            ignored.append("voice")
     elif (info.clones_voices and voice_spec is not None and not voice_spec.choices and not stock
           and "ref_audio" not in req.extensions):
         known = [v.name for v in registered.list()] if registered is not None else []

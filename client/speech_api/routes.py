@@ -53,6 +53,15 @@ async def _resolve(request: Request, model: str) -> str:
     return pipeline
 
 
+def _default_model(shim) -> str:
+    model = shim.catalog.default_model()
+    if model is None:
+        raise invalid_request("model", "model: is required when the server serves several models ("
+                                       + ", ".join(shim.catalog.model_names()) + ")",
+                              code="missing_required_parameter")
+    return model
+
+
 @router.get("/", include_in_schema=False)
 async def index() -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
@@ -212,6 +221,8 @@ async def create_speech(request: Request):
     shim = _shim(request)
     access = request.state.access
     speech = parse_speech_body(await _json_body(request))
+    if speech.model is None:
+        speech.model = _default_model(shim)
     pipeline = await _resolve(request, speech.model)
     info = shim.catalog.get(pipeline)
     refuse_chat_pipeline(info)

@@ -87,7 +87,7 @@ def parse_session_config(msg: dict[str, Any], resolve, catalog, voices) -> Sessi
     body["input"] = "."   # the text comes later, unit by unit
     model = body.get("model")
     if model is None:
-        body["model"] = model = catalog.default_pipeline
+        body["model"] = model = catalog.default_model() or catalog.default_pipeline
     pipeline = resolve(model) if isinstance(model, str) and model.strip() else None
     if pipeline is not None:
         info = catalog.get(pipeline)

@@ -30,6 +30,16 @@ def test_voices_per_model(shim):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
 
 
+def test_a_request_without_model_speaks_the_default_model(shim):
+    """vLLM-Omni's documented curl and httpx examples send no `model`: the default model answers
+    (here hibari, the pipeline behind OpenAI's names), the same bytes as when named."""
+    body = {"input": TEXT, "voice": "heart", "response_format": "wav", "seed": 1}
+    unnamed = httpx.post(f"{shim.url}/v1/audio/speech", json=body, timeout=60)
+    named = httpx.post(f"{shim.url}/v1/audio/speech", json={**body, "model": "hibari"}, timeout=60)
+    assert unnamed.status_code == 200 and unnamed.headers["x-omni-model"] == "hibari"
+    assert unnamed.content == named.content
+
+
 def test_health_reflects_triton(shim, triton):
     r = httpx.get(f"{shim.url}/health")
     assert r.status_code == 200

@@ -122,6 +122,23 @@ def test_register_use_restart_delete(voice_shim, triton, recordings):
     assert "bob-flac" not in {v["id"] for v in httpx.get(f"{server.url}/v1/audio/voices").json()["registered"]}
 
 
+def test_a_preset_voice_beside_ref_audio_is_the_recordings_voice(voice_shim, recordings):
+    """vLLM-Omni's speech clients send a preset speaker with every cloning request (and its
+    benchmark `task_type: Base`); the recording is the voice: the same audio as with no voice, and
+    the preset name is reported as ignored."""
+    url = voice_shim["server"].url
+    clone = {"model": MODEL, "input": "Cloned inline.", "response_format": "pcm", "task_type": "Base",
+             "ref_audio": "data:audio/wav;base64," + base64.b64encode(audio_bytes(recordings[2])).decode(),
+             "ref_text": TEXTS[2], **GREEDY}
+    plain = httpx.post(f"{url}/v1/audio/speech", json=clone, timeout=120)
+    named = httpx.post(f"{url}/v1/audio/speech", json={**clone, "voice": "vivian"}, timeout=120)
+    speaker = httpx.post(f"{url}/v1/audio/speech", json={**clone, "speaker": "Vivian"}, timeout=120)
+    for r in (plain, named, speaker):
+        assert r.status_code == 200, r.text[:300]
+    assert named.headers["x-omni-ignored-fields"] == "voice" and "x-omni-ignored-fields" not in plain.headers
+    assert plain.content == named.content == speaker.content and len(plain.content) > 0
+
+
 def test_bad_uploads_are_named(voice_shim, recordings):
     url = voice_shim["server"].url
     good = audio_bytes(recordings[2])

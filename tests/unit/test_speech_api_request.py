@@ -34,7 +34,8 @@ def test_defaults_and_openai_fields():
 
 
 @pytest.mark.parametrize("body,param", [
-    ([], None), ({"input": "x", "voice": "a"}, "model"), ({**BASE, "input": ""}, "input"),
+    ([], None), ({"input": "x", "voice": "a", "model": " "}, "model"), ({**BASE, "input": ""}, "input"),
+    ({**BASE, "voice": "a", "speaker": "b"}, "speaker"),
     ({**BASE, "input": "y" * 4097}, "input"), ({**BASE, "voice": {"id": 3}}, "voice"),
     ({**BASE, "speed": 0.24}, "speed"), ({**BASE, "speed": float("nan")}, "speed"),
     ({**BASE, "response_format": "MP3"}, "response_format"), ({**BASE, "stream_format": "ws"}, "stream_format"),
@@ -139,6 +140,17 @@ def test_catalog_aliases(hibari):
     assert catalog.model_names() == ["hibari", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
 
 
+def test_default_model_of_a_request_without_one():
+    catalog = Catalog("hibari", describe=lambda name, path: PipelineInfo(name=name))
+    assert catalog.default_model() is None
+    catalog.learn("qwen3_tts", None)
+    assert catalog.default_model() == "qwen3_tts"       # the only one served
+    catalog.learn("voxcpm2", None)
+    assert catalog.default_model() is None              # which one is ambiguous
+    catalog.learn("hibari", None)
+    assert catalog.default_model() == "hibari"          # the one behind OpenAI's names
+
+
 def test_served_model_names():
     """--served-model-name NAME=PIPELINE: the name resolves while its pipeline is served, is
     listed then, and may take over an OpenAI alias; a bad spec names itself."""
@@ -185,3 +197,25 @@ def test_ignore_eos_and_no_voice_per_pipeline(hibari):
     e = error_of(build_triton_params, parse_speech_body({**BASE, "ignore_eos": True}), hibari)
     assert e.param == "ignore_eos" and e.code == "unsupported_parameter"
     assert build_triton_params(parse_speech_body({"model": "tts-1", "input": "Hi."}), hibari).params == {}
+
+
+def test_vllm_omni_request_shapes():
+    """vLLM-Omni's speech API: `model` may be left out (the server's default model), `speaker`
+    is `voice`'s other name, a preset voice beside `ref_audio` is the recording's voice (the
+    voice is reported as ignored), and a model that limits its steps as `max_len` takes
+    `max_new_tokens` there."""
+    assert parse_speech_body({"input": "Hi."}).model is None
+    no_voice = {k: v for k, v in BASE.items() if k != "voice"}
+    assert parse_speech_body({**no_voice, "speaker": "ryan"}).voice == "ryan"
+    assert parse_speech_body({**no_voice, "speaker": "ryan", "voice": "ryan"}).voice == "ryan"
+    base = describe_pipeline("qwen3_tts_base", '{"params": [{"name": "voice", "type": "str"}, '
+                                               '{"name": "ref_audio", "type": "str"}, '
+                                               '{"name": "ref_text", "type": "str"}], "clones_voices": true}')
+    clone = {"model": "qwen3_tts_base", "input": "Hi.", "voice": "vivian", "ref_text": "Hello there.",
+             "ref_audio": "data:audio/wav;base64,UklGRg=="}
+    request = build_triton_params(parse_speech_body(clone), base)
+    assert "voice" not in request.params and request.ignored == ["voice"]
+    assert build_triton_params(parse_speech_body({**clone, "voice": "alloy"}), base).ignored == []
+    patches = describe_pipeline("voxcpm2", '{"params": [{"name": "max_len", "type": "int", "lo": 1}], '
+                                           '"clones_voices": true}')
+    assert build_triton_params(parse_speech_body({**BASE, "max_new_tokens": 40}), patches).params == {"max_len": 40}
