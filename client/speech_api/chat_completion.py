@@ -160,6 +160,12 @@ class ChatCompletion(AdmittedStream):
                                              "finish_reason": finish_reason}]
         payload = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                    "system_fingerprint": None, "choices": choices}
+        # vLLM-Omni's clients and benchmark sort chunks by a top-level `modality`: text deltas
+        # and audio data (OpenAI's shape otherwise; a transcript delta is neither)
+        if delta and delta.get("content"):
+            payload["modality"] = "text"
+        elif delta and (delta.get("audio") or {}).get("data"):
+            payload["modality"] = "audio"
         if self.request.include_usage:
             payload["usage"] = None
         payload.update(extra)

@@ -36,7 +36,8 @@ MODALITIES = ("text", "audio")
 ROLES = ("system", "developer", "user", "assistant")
 # OpenAI fields this route implements.
 CHAT_FIELDS = ("model", "messages", "modalities", "audio", "stream", "stream_options", "max_tokens",
-               "max_completion_tokens", "temperature", "top_p", "seed", "stop")
+               "max_completion_tokens", "temperature", "top_p", "seed", "stop",
+               "speaker")   # vLLM-Omni's name of the voice (audio.voice)
 
 
 def _neutral(*values: Any) -> Callable[[Any], bool]:
@@ -75,7 +76,7 @@ NEUTRAL_FIELDS = {
 }
 # PARAMS keys this route sets from OpenAI's fields; a body may not set them by their own name.
 MAPPED_PARAMS = {"messages": "messages", "system": "a system message first in messages",
-                 "speaker": "audio.voice", "voice": "audio.voice", "return_audio": "modalities",
+                 "voice": "audio.voice", "return_audio": "modalities",
                  "max_tokens": "max_completion_tokens", "temperature": "temperature", "top_p": "top_p",
                  "seed": "seed"}
 _MESSAGE_INDEX = re.compile(r"messages\[(\d+)\]")
@@ -353,6 +354,13 @@ def _messages(body: dict, transcripts: AudioTranscripts | None) -> tuple[list[di
 
 def _audio(body: dict) -> tuple[str, str]:
     value = body.get("audio")
+    speaker = body.get("speaker")
+    if speaker is not None and (not isinstance(speaker, str) or not speaker.strip()):
+        raise invalid_request("speaker", f"speaker: must be a voice name, got {shown(speaker)}")
+    if value is None:
+        # vLLM-Omni's clients ask for audio with no `audio` object: their voice is `speaker` (else
+        # the model's default) and their audio wav
+        return clean_string("speaker", (speaker or "").strip()), "wav"
     if not isinstance(value, dict):
         raise invalid_request("audio", "audio: must be an object {\"voice\": ..., \"format\": ...}")
     extra = [k for k in value if k not in ("voice", "format")]
@@ -365,6 +373,8 @@ def _audio(body: dict) -> tuple[str, str]:
         raise invalid_request("audio.voice", "audio.voice: is required", code="missing_required_parameter")
     if not isinstance(voice, str) or not voice.strip():
         raise invalid_request("audio.voice", f"audio.voice: must be a voice name, got {shown(voice)}")
+    if speaker is not None and speaker.strip().lower() != voice.strip().lower():
+        raise invalid_request("speaker", "speaker: another name for audio.voice; give one of them")
     fmt = value.get("format")
     if fmt is None:
         raise invalid_request("audio.format", "audio.format: is required", code="missing_required_parameter")
@@ -410,8 +420,11 @@ def parse_chat_body(body: Any, transcripts: AudioTranscripts | None = None) -> C
                       audio="audio" in modalities, stream=_bool(body, "stream"), parts=parts)
     if req.audio:
         req.voice, req.audio_format = _audio(body)
-    elif body.get("audio") is not None:
-        raise invalid_request("audio", "audio: only with modalities that ask for audio ([\"text\", \"audio\"])")
+    else:
+        for name in ("audio", "speaker"):
+            if body.get(name) is not None:
+                raise invalid_request(name, f"{name}: only with modalities that ask for audio "
+                                            "([\"text\", \"audio\"])")
 
     options = body.get("stream_options")
     if options is not None:
@@ -463,6 +476,8 @@ class ChatTritonRequest:
 def _voice(voice: str, info: PipelineInfo, put, params: dict[str, Any]) -> None:
     """audio.voice -> the pipeline's speaker parameter. OpenAI's stock names (alloy, ...) mean the
     model's default voice unless the model has a voice of that name, as for /v1/audio/speech."""
+    if not voice:   # none given (vLLM-Omni's clients): the model's default
+        return
     spec = info.voice_field
     choices = spec.choices if spec is not None else None
     choice = next((c for c in choices or () if c.lower() == voice.lower()), None)

@@ -252,6 +252,38 @@ def test_vllm_omni_client_body_is_answered(stack, client):
     assert e.value.param == "messages[0].content[0].audio_url.url", e.value
 
 
+def test_vllm_omni_chat_shapes_audio_without_an_audio_object_modality_and_ignore_eos(stack, client, voices):
+    """What vLLM-Omni's chat clients and benchmark send and read: audio asked for with no `audio`
+    object (the voice its `speaker`, the audio wav), chunks marked with a top-level `modality`,
+    and `ignore_eos`, which runs the thinker past its end of turn up to max_tokens."""
+    server, _ = stack
+    voice = voices[-1]
+    text, audio, _ = direct(server, USER[0]["content"], {**GREEDY_PARAMS, "speaker": voice})
+    chunks = list(client.chat.completions.create(model=MODEL, messages=USER, modalities=["audio"], stream=True,
+                                                 extra_body={"speaker": voice}, **GREEDY))
+    data = [c for c in chunks if c.choices and c.choices[0].delta.audio and c.choices[0].delta.audio.data]
+    assert data and all(c.model_extra["modality"] == "audio" for c in data)
+    samples, rate = decode(b"".join(base64.b64decode(c.choices[0].delta.audio.data) for c in data), "wav")
+    assert rate == 24000 and samples.size == audio.size
+    np.testing.assert_allclose(samples, audio, atol=QUANTUM)
+    assert "".join(c.choices[0].delta.audio.transcript or "" for c in chunks
+                   if c.choices and c.choices[0].delta.audio) == text
+
+    texts = list(client.chat.completions.create(model=MODEL, messages=USER, stream=True, **GREEDY))
+    content = [c for c in texts if c.choices and c.choices[0].delta.content]
+    assert content and all(c.model_extra["modality"] == "text" for c in content)
+    assert all("modality" not in c.model_extra for c in texts if c not in content)
+
+    # the committed checkpoint's thinker ends its turn after 48 tokens
+    ask = {"model": MODEL, "messages": USER, "temperature": 0, "seed": 5, "max_completion_tokens": 60}
+    ended = client.chat.completions.create(**ask)
+    assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens < 60
+    forced = client.chat.completions.create(**ask, extra_body={"ignore_eos": True})
+    assert forced.choices[0].finish_reason == "length"
+    assert forced.usage.completion_tokens > ended.usage.completion_tokens
+    assert forced.choices[0].message.content.startswith(ended.choices[0].message.content)
+
+
 def test_vllm_omni_example_client_request_equals_the_triton_stream(stack, client):
     """vLLM-Omni's example Qwen3-Omni client: a system prompt, the recording as an audio_url, and
     extra_body `sampling_params_list` (thinker, talker, code2wav; seeded sampling): the answer

@@ -116,6 +116,23 @@ def test_vllm_omni_clients_audio_only_modalities_and_audio_url_parts():
     assert earlier.param == "messages[0].content[0].audio_url.url"
 
 
+def test_vllm_omni_clients_ask_for_audio_without_an_audio_object():
+    """vLLM-Omni's clients and README snippets send `modalities` with audio and no `audio`: the
+    voice is their `speaker` (else the model's default) and the audio wav; `ignore_eos` (its
+    benchmark's random dataset sends it) goes to a model that takes it."""
+    req, triton = build(modalities=["audio"])
+    assert (req.voice, req.audio_format) == ("", "wav") and "speaker" not in triton.params
+    req, triton = build(modalities=["text", "audio"], speaker="Chelsie")
+    assert (req.voice, req.audio_format) == ("Chelsie", "wav") and triton.params["speaker"] == "chelsie"
+    _, triton = build(modalities=["text", "audio"], speaker="ethan", audio={"voice": "Ethan", "format": "mp3"})
+    assert triton.params["speaker"] == "ethan"
+    catalog = json.loads(CATALOG)
+    catalog["params"].append({"name": "ignore_eos", "type": "bool"})
+    req = parse_chat_body({"model": "chatty", "messages": [USER], "ignore_eos": True, "max_tokens": 9})
+    assert build_chat_params(req, describe_pipeline("chatty", json.dumps(catalog))).params["ignore_eos"] is True
+    assert error_of(build, ignore_eos=True).param == "ignore_eos"    # a model without it
+
+
 def test_temperature_zero_is_greedy_and_stock_voices_mean_the_default():
     _, triton = build(temperature=0, modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})
     assert triton.params == {"do_sample": False}
@@ -128,8 +145,8 @@ def test_temperature_zero_is_greedy_and_stock_voices_mean_the_default():
     ({"response_format": {"type": "json_schema"}}, "response_format"), ({"store": True}, "store"),
     ({"reasoning_effort": "low"}, "reasoning_effort"),
     ({"modalities": ["audio", "audio"]}, "modalities"), ({"modalities": ["text", "video"]}, "modalities"),
-    ({"modalities": ["audio"]}, "audio"),
-    ({"modalities": ["text", "audio"]}, "audio"),
+    ({"modalities": ["text", "audio"], "speaker": 5}, "speaker"),
+    ({"modalities": ["text", "audio"], "speaker": "aiden", "audio": {"voice": "ethan", "format": "wav"}}, "speaker"),
     ({"modalities": ["text", "audio"], "audio": {"voice": "ethan"}}, "audio.format"),
     ({"modalities": ["text", "audio"], "audio": {"format": "wav"}}, "audio.voice"),
     ({"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "ogg"}}, "audio.format"),

@@ -53,6 +53,7 @@ class Qwen3OmniAdapter(TTSAdapter):
         Param("speaker", str, max_len=64, help="the talker's voice (case-insensitive)"),
         Param("return_audio", bool, default=True, help="false: the text answer only (no talker, no code2wav)"),
         Param("max_tokens", int, lo=1, hi=32768, help="the thinker's answer limit, in tokens"),
+        Param("ignore_eos", bool, help="thinker: answer up to max_tokens, <|im_end|> never ends it (benchmarks)"),
         Param("do_sample", bool, help="thinker: sample (default: the deploy's, else greedy)"),
         Param("temperature", float, lo=0.0, hi=5.0, help="thinker; 0 = greedy"),
         Param("top_k", int, lo=0, hi=1000000),

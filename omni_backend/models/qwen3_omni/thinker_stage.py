@@ -62,6 +62,8 @@ class ThinkerStage(StageModel):
 
     def sampling_params(self, request: dict[str, Any]) -> SamplingParams:
         given = {param: request[field] for field, param in SAMPLING_FIELDS.items() if request.get(field) is not None}
+        if request.get("ignore_eos"):   # the end of the turn is held back for every token allowed
+            given["min_new_tokens"] = given.get("max_new_tokens", self.default_params.max_new_tokens)
         return dataclasses.replace(self.default_params, **given).validate()
 
     async def generate(self, ctx: StreamContext, request: dict[str, Any],
