@@ -102,10 +102,15 @@ class Qwen3TTSAdapter(TTSAdapter):
 
     def describe(self) -> dict[str, Any]:
         """Preset speakers from config.json; only Base checkpoints clone voices (their clone
-        fields are left out for the others)."""
+        fields are left out for the others), and only checkpoints that follow instructions list
+        `instructions`."""
         clones = self.checkpoint_kind == "base"
-        clone_fields = ("ref_audio", "ref_text", "x_vector_only_mode")
-        return {"params": [p.to_dict() for p in self.params if clones or p.name not in clone_fields],
+        left_out = set() if clones else {"ref_audio", "ref_text", "x_vector_only_mode"}
+        if clones or self.builder.config.ignores_instructions:
+            # the reference drops them there (0.6B CustomVoice) or takes none (Base): a client of
+            # the speech API gets them named as ignored; PARAMS that carry them are refused
+            left_out.add("instructions")
+        return {"params": [p.to_dict() for p in self.params if p.name not in left_out],
                 "voices": list(self.builder.speakers), "clones_voices": clones,
                 "default_voice": None if clones else self.default_speaker()}
 
