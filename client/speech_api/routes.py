@@ -134,11 +134,12 @@ async def list_voices(request: Request) -> JSONResponse:
              for name, p in sorted(shim.catalog.pipelines().items())}
     return JSONResponse({"model": pipeline, "voices": info.voices + names if info.clones_voices else info.voices,
                          "default": info.default_voice, "clones_voices": info.clones_voices, "models": every,
-                         "registered": [v.public() for v in registered]})
+                         "registered": [v.public() for v in registered],
+                         "uploaded_voices": [v.uploaded() for v in registered]})
 
 
 async def _form_audio(form) -> bytes:
-    upload = form.get("audio") or form.get("file")
+    upload = form.get("audio") or form.get("audio_sample") or form.get("file")   # ours, vLLM-Omni's, a generic
     if upload is None or isinstance(upload, str):
         raise invalid_request("audio", "audio: required, as a file part (wav, flac or mp3, at most 10 MiB)",
                               code="missing_required_parameter")
@@ -150,7 +151,7 @@ async def _form_audio(form) -> bytes:
 
 @router.post("/v1/audio/voices")
 async def create_voice(request: Request) -> JSONResponse:
-    """Upload a voice (multipart: name, audio, ref_text, consent); see voices.py."""
+    """Upload a voice (multipart: name, audio, ref_text, consent, speaker_description); see voices.py."""
     _authorize(request)
     shim = _shim(request)
     if not request.headers.get("content-type", "").startswith(("multipart/form-data",
@@ -168,10 +169,12 @@ async def create_voice(request: Request) -> JSONResponse:
             return value
 
         audio = await _form_audio(form)
-        voice = await asyncio.to_thread(shim.voices.add, text("name"), audio, text("ref_text"), text("consent"))
+        voice = await asyncio.to_thread(shim.voices.add, text("name"), audio, text("ref_text"), text("consent"),
+                                        text("speaker_description"))
     finally:
         await form.close()
-    return JSONResponse(voice.public(), status_code=201)
+    # ours, plus the shape vLLM-Omni's clients read
+    return JSONResponse({**voice.public(), "success": True, "voice": voice.uploaded()}, status_code=201)
 
 
 @router.get("/v1/audio/voices/{name}")

@@ -1,7 +1,7 @@
 """Uploaded voices: a recording (+ transcript) stored once under a name and reused by requests.
 
-`POST /v1/audio/voices` (multipart: `name`, `audio` wav/flac/mp3 <= 10 MiB and 1..30 s,
-`ref_text`, `consent`) stores the recording on disk under ``<voices dir>/<name>/`` (the audio
+`POST /v1/audio/voices` (multipart: `name`, `audio` (or vLLM-Omni's `audio_sample`) wav/flac/mp3
+<= 10 MiB and 1..30 s, `ref_text`, `consent`, `speaker_description`) stores the recording on disk under ``<voices dir>/<name>/`` (the audio
 bytes as uploaded and ``voice.json``), written to a temporary folder and renamed into place, so
 the registry survives restarts and never holds half a voice. A speech request whose `voice` is a
 registered name, on a pipeline that clones voices, sends the stored recording as `ref_audio` (and
@@ -29,7 +29,9 @@ from client.speech_api.errors import invalid_request
 MAX_AUDIO_BYTES = 10 * 1024 * 1024
 MIN_SECONDS, MAX_SECONDS = 1.0, 30.0
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-CONSENT_WORDS = ("true", "yes", "1", "on", "i consent", "granted")
+# `consent` states the speaker's agreement: a word that says so, or the id of a consent record
+# (vLLM-Omni's clients send one); a word that says no is refused
+REFUSALS = ("false", "no", "0", "off", "none", "denied", "null")
 FORMATS = {"WAV": ("wav", "audio/wav"), "FLAC": ("flac", "audio/flac"), "MP3": ("mp3", "audio/mpeg"),
            "OGG": ("ogg", "audio/ogg")}
 
@@ -52,11 +54,22 @@ class RegisteredVoice:
     sample_rate: int
     format: str
     audio_file: str
+    speaker_description: str | None = None
 
     def public(self) -> dict:
         out = asdict(self)
         out.pop("audio_file")
+        if out["speaker_description"] is None:
+            out.pop("speaker_description")
         return {"id": self.name, "object": "voice", **out}
+
+    def uploaded(self) -> dict:
+        """The entry vLLM-Omni's API lists in `uploaded_voices` (its clients read these names)."""
+        out = {"name": self.name, "consent": self.consent, "created_at": self.created_at, "file_size": self.bytes,
+               "mime_type": next(m for e, m in FORMATS.values() if e == self.format)}
+        out.update({k: v for k, v in (("ref_text", self.ref_text),
+                                      ("speaker_description", self.speaker_description)) if v is not None})
+        return out
 
 
 def check_name(raw: str | None) -> str:
@@ -124,11 +137,16 @@ class VoiceRegistry:
         with self._lock:
             return self._voices.get((name or "").strip().lower())
 
-    def add(self, name: str, audio: bytes, ref_text: str | None, consent: str | None) -> RegisteredVoice:
+    def add(self, name: str, audio: bytes, ref_text: str | None, consent: str | None,
+            speaker_description: str | None = None) -> RegisteredVoice:
         name = check_name(name)
-        if consent is None or consent.strip().lower() not in CONSENT_WORDS:
+        if consent is None or not consent.strip() or consent.strip().lower() in REFUSALS or len(consent) > 256:
             raise invalid_request("consent", "consent: required; confirm that the speaker agreed to have their "
-                                             "voice cloned (consent=true)")
+                                             "voice cloned (consent=true, or the id of their consent record)")
+        if speaker_description is not None and not speaker_description.strip():
+            speaker_description = None
+        if speaker_description is not None and len(speaker_description) > 1024:
+            raise invalid_request("speaker_description", "speaker_description: at most 1024 characters")
         if ref_text is not None and not ref_text.strip():
             ref_text = None
         if ref_text is not None and len(ref_text) > 4096:
@@ -137,7 +155,8 @@ class VoiceRegistry:
         ext = FORMATS[fmt][0]
         voice = RegisteredVoice(name=name, ref_text=ref_text, consent=consent.strip(), created_at=int(time.time()),
                                 sha256=hashlib.sha256(audio).hexdigest(), bytes=len(audio),
-                                duration_s=round(seconds, 3), sample_rate=rate, format=ext, audio_file=f"audio.{ext}")
+                                duration_s=round(seconds, 3), sample_rate=rate, format=ext, audio_file=f"audio.{ext}",
+                                speaker_description=speaker_description)
         with self._lock:
             if name in self._voices:
                 raise invalid_request("name", f"name: a voice named {name!r} exists; delete it first",

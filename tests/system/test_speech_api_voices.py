@@ -139,6 +139,25 @@ def test_a_preset_voice_beside_ref_audio_is_the_recordings_voice(voice_shim, rec
     assert plain.content == named.content == speaker.content and len(plain.content) > 0
 
 
+def test_vllm_omni_upload_form_and_listing(voice_shim, recordings):
+    """vLLM-Omni's upload form (`audio_sample`, a consent record id, `speaker_description`), its
+    answer (`success`, `voice`) and listing (`uploaded_voices`); the voice then speaks by name."""
+    url = voice_shim["server"].url
+    r = httpx.post(f"{url}/v1/audio/voices", timeout=60,
+                   data={"name": "narrator", "consent": "user_consent_id", "ref_text": TEXTS[3],
+                         "speaker_description": "warm narrator"},
+                   files={"audio_sample": ("voice_sample.wav", audio_bytes(recordings[3]), "audio/wav")})
+    assert r.status_code == 201, r.text
+    assert r.json()["success"] is True and r.json()["voice"]["name"] == "narrator"
+    listed = httpx.get(f"{url}/v1/audio/voices", params={"model": MODEL}).json()
+    entry = next(v for v in listed["uploaded_voices"] if v["name"] == "narrator")
+    assert entry["consent"] == "user_consent_id" and entry["speaker_description"] == "warm narrator"
+    assert entry["mime_type"] == "audio/wav" and entry["ref_text"] == TEXTS[3]
+    assert speech(url, "narrator") == speech(url, "alloy", ref_text=TEXTS[3], ref_audio="data:audio/wav;base64,"
+                                             + base64.b64encode(audio_bytes(recordings[3])).decode())
+    assert httpx.delete(f"{url}/v1/audio/voices/narrator").status_code == 200
+
+
 def test_bad_uploads_are_named(voice_shim, recordings):
     url = voice_shim["server"].url
     good = audio_bytes(recordings[2])

@@ -43,7 +43,7 @@ def test_registry_persists_and_deletes(tmp_path):
 
 @pytest.mark.parametrize("name,audio,consent,field", [
     ("a", b"not audio", "true", "audio"), ("a", wav(0.5), "true", "audio"), ("a", wav(31), "true", "audio"),
-    ("a", wav(2), None, "consent"), ("a", wav(2), "nope", "consent"), ("no spaces", wav(2), "true", "name"),
+    ("a", wav(2), None, "consent"), ("a", wav(2), "denied", "consent"), ("a", wav(2), " ", "consent"), ("no spaces", wav(2), "true", "name"),
     ("nova", wav(2), "true", "name"), ("", wav(2), "true", "name"),
 ])
 def test_bad_uploads(tmp_path, name, audio, consent, field):
