@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 from fastapi import APIRouter, Request, WebSocket
@@ -14,14 +15,17 @@ from client.speech_api.chat_request import build_chat_params, parse_chat_body, r
 from client.speech_api.media_fetch import fetch_message_media
 from client.speech_api.encoders import CONTENT_TYPES
 from client.speech_api.encoders.pcm import PCM_RATE
-from client.speech_api.errors import ApiError, invalid_request, model_not_found, no_backend
+from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
 from client.speech_api.request import body_error, build_triton_params, parse_speech_body
 from client.speech_api.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
 from client.speech_api.response import AudioStreamResponse, WatchedResponse
+from client.speech_api.speech_batch import batch_items, run_batch
 from client.speech_api.speech_stream import SpeechStreamSession
 from client.speech_api.synthesis import SpeechSynthesis
 from client.speech_api.voices import MAX_AUDIO_BYTES
+from client.triton_stream import TritonStreamError
 
+log = logging.getLogger("omni.speech_api")
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 MAX_BODY_BYTES = 24 * 1024 * 1024
 router = APIRouter()
@@ -243,6 +247,46 @@ async def create_speech(request: Request):
     if not speech.stream:   # `stream: false`: the whole file, its length known, or an error status
         return WatchedResponse(synthesis.whole(), media_type=media, headers=headers, abandon=synthesis.close)
     return AudioStreamResponse(synthesis.body(), media_type=media, headers=headers, close=synthesis.close)
+
+
+@router.post("/v1/audio/speech/batch")
+async def create_speech_batch(request: Request):
+    """vLLM-Omni's batch: each item's whole audio in one JSON answer (client/speech_api/speech_batch.py)."""
+    _authorize(request)
+    shim = _shim(request)
+    shared, bodies = batch_items(await _json_body(request))
+    model = shared.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise invalid_request("model", f"model: must be a model name, got {model!r}"[:200])
+    pipeline = await _resolve(request, model.strip() if model else _default_model(shim))
+    info = shim.catalog.get(pipeline)
+    refuse_chat_pipeline(info)
+    request.state.access.update(model=pipeline, format="batch", items=len(bodies))
+
+    async def speak(i: int, body: dict) -> tuple[bytes, str]:
+        try:
+            speech = parse_speech_body({**body, "model": pipeline})
+            triton_request = build_triton_params(speech, info, shim.voices)
+            synthesis = SpeechSynthesis(shim.pool, shim.limiter, triton_request, speech.response_format, "audio",
+                                        f"{request.state.request_id}-{i}", {}, info.sample_rate)
+            try:
+                await synthesis.start()
+                data = b"".join([part async for part in synthesis.body()])
+            finally:
+                await synthesis.close()
+            return data, CONTENT_TYPES[speech.response_format]
+        except TritonStreamError as e:
+            raise from_triton(str(e)) from None
+        except ApiError:
+            raise
+        except Exception:   # noqa: BLE001 - one item's failure is its own error result
+            log.exception("batch %s item %d failed", request.state.request_id, i)
+            raise internal("this item failed inside the server") from None
+
+    async def answer() -> tuple[int, dict[str, str], bytes]:
+        return 200, {}, json.dumps(await run_batch(bodies, speak)).encode()
+
+    return WatchedResponse(answer(), media_type="application/json")
 
 
 @router.post("/v1/chat/completions")

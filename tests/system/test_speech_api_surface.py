@@ -40,6 +40,39 @@ def test_a_request_without_model_speaks_the_default_model(shim):
     assert unnamed.content == named.content
 
 
+def test_batch_speaks_each_item_as_a_single_request_would(shim):
+    """vLLM-Omni's `POST /v1/audio/speech/batch`: shared fields, an item's own fields over them,
+    each success the bytes of the same single request (`stream: false`), a bad item an error result
+    of its own; a bad batch is a 400 naming its field."""
+    import base64
+
+    shared = {"model": "hibari", "voice": "heart", "seed": 3}
+    items = [{"input": "The first line of the batch."},
+             {"input": "A second one, faster, as flac.", "speed": 1.5, "response_format": "flac"},
+             {"input": "A voice nobody has.", "voice": "nobody"}]
+    r = httpx.post(f"{shim.url}/v1/audio/speech/batch", json={**shared, "items": items}, timeout=120)
+    assert r.status_code == 200, r.text[:300]
+    body = r.json()
+    assert (body["total"], body["succeeded"], body["failed"]) == (3, 2, 1)
+    first, second, bad = body["results"]
+    assert [x["index"] for x in body["results"]] == [0, 1, 2]
+    assert bad["status"] == "error" and bad["param"] == "voice"
+    for result, item, media in ((first, items[0], "audio/wav"), (second, items[1], "audio/flac")):
+        assert result["status"] == "success" and result["media_type"] == media
+        single = httpx.post(f"{shim.url}/v1/audio/speech", timeout=60,
+                            json={**shared, "response_format": "wav", **item, "stream": False})
+        assert single.status_code == 200 and base64.b64decode(result["audio_data"]) == single.content
+    for bad_body, param in (({**shared}, "items"), ({**shared, "items": []}, "items"),
+                            ({**shared, "items": [{"input": "x"}] * 33}, "items"),
+                            ({**shared, "items": [{"input": "x", "stream": True}]}, "items[0].stream"),
+                            ({**shared, "items": [{"input": "x", "model": "hibari"}]}, "items[0].model"),
+                            ({**shared, "stream_format": "sse", "items": [{"input": "x"}]}, "stream_format")):
+        r = httpx.post(f"{shim.url}/v1/audio/speech/batch", json=bad_body, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (param, r.text[:200])
+    r = httpx.post(f"{shim.url}/v1/audio/speech/batch", json={"model": "nope", "items": [{"input": "x"}]}, timeout=30)
+    assert r.status_code == 404
+
+
 def test_health_reflects_triton(shim, triton):
     r = httpx.get(f"{shim.url}/health")
     assert r.status_code == 200
