@@ -114,6 +114,10 @@ class SpeechStreamClient:
         self.sent.append((time.perf_counter(), text))
         await self.ws.send(json.dumps({"type": "input.text", "text": text}))
 
+    async def commit(self, commit_id: str | None = None) -> None:
+        """vLLM-Omni's `input.commit`: the text sent so far is final (answered `input.committed`)."""
+        await self.ws.send(json.dumps({"type": "input.commit", "commit_id": commit_id}))
+
     async def wait_message(self, kind: str, timeout_s: float = 120.0) -> Received:
         """The first message of this type not yet handed out (waits for it)."""
         deadline = time.monotonic() + timeout_s

@@ -2,8 +2,9 @@
 
 Wire-compatible with vLLM-Omni's endpoint. Client messages (JSON text frames): `session.config`
 (first; again between utterances to change the fields it names for the utterances that follow;
-stream_config.py), `input.text` (`text`),
-`input.done` (ends the utterance; the connection stays), `session.close`. Server messages:
+stream_config.py), `input.text` (`text`), `input.commit` (vLLM-Omni's `commit_id`: the text so far is
+final; answered `input.committed` with its `sentence_index`), `input.done` (ends the utterance;
+the connection stays), `session.close`. Server messages:
 `audio.start` (`utterance_index`, `sentence_index`, `sentence_text`, `format`, `sample_rate`),
 the audio as binary frames (with `audio_transport: json`: `audio.chunk` messages carrying
 `audio_b64`), `audio.done` (`total_bytes`, `error`), `session.done` (`utterance_index`,
@@ -118,6 +119,7 @@ class Utterance:
         self.text = ""
         self.splitter = TextSplitter("none" if self.config.split == "append" else self.config.split)
         self.queue: asyncio.Queue = asyncio.Queue()   # units (split modes) or pieces (append); None ends
+        self.commits = 0
         self.task = asyncio.ensure_future(self._run())
 
     @property
@@ -136,6 +138,15 @@ class Utterance:
         else:
             for unit in self.splitter.feed(text):
                 self.queue.put_nowait(unit)
+
+    def commit(self) -> int:
+        """vLLM-Omni's `input.commit`: the text so far is final. Split modes speak what is held
+        back as a unit now; append mode has fed it already. Returns the commit's index."""
+        if self.config.split != "append":
+            for unit in self.splitter.flush():
+                self.queue.put_nowait(unit)
+        self.commits += 1
+        return self.commits - 1
 
     def finish(self) -> None:
         self.done_received = True
@@ -529,6 +540,15 @@ class SpeechStreamSession:
                 self.utterance.add_text(text)
             except ApiError as e:
                 await self.send_error(e)
+            return True
+        if kind == "input.commit":
+            commit_id = msg.get("commit_id")
+            if commit_id is not None and (not isinstance(commit_id, str) or len(commit_id) > 256):
+                await self.send_error(invalid_request("commit_id", "commit_id: a string of at most 256 characters"))
+                return True
+            self._open_utterance()
+            await self.send_json({"type": "input.committed", "commit_id": commit_id,
+                                  "utterance_index": self.utterance.index, "sentence_index": self.utterance.commit()})
             return True
         if kind == "input.done":
             self._open_utterance()

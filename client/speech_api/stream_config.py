@@ -4,7 +4,9 @@ The speech fields (`model`, `voice` or `speaker`, `response_format`, `speed`, `i
 `task_type`, `language`, `seed`, `max_new_tokens`, `initial_codec_chunk_frames`, `ref_audio`,
 `ref_text`, `x_vector_only_mode`) go through the same checks as `POST /v1/audio/speech`
 (request.py) against the pipeline they name. Session fields: `split_granularity` (`none` |
-`sentence` | `clause` | `append`; `append` only for pipelines that read text as it arrives),
+`sentence` | `clause` | `append`; `append` only for pipelines that read text as it arrives), or
+vLLM-Omni's `streaming_mode` (`token_level` | `sentence_commit`: `append` where the pipeline reads
+text as it arrives, else `sentence`),
 `sample_rate` (of the audio sent), `stream_audio` (accepted; audio is always streamed), sampling
 (`do_sample`, `temperature`, `top_k`, `top_p`, `repetition_penalty` at the top level; in a
 `sampling` object also any other sampling parameter the pipeline declares, e.g. a second
@@ -29,8 +31,11 @@ TRANSPORTS = ("binary", "json")
 # Request fields with a meaning of their own: never taken from `sampling`.
 NOT_SAMPLING = ("voice", "speaker", "speed", "instructions", "ref_audio", "ref_text", "x_vector_only_mode",
                 "streaming_input", "task_type", "language", "model")
-SESSION_FIELDS = ("type", "split_granularity", "sample_rate", "stream_audio", "word_timestamps",
+SESSION_FIELDS = ("type", "split_granularity", "streaming_mode", "sample_rate", "stream_audio", "word_timestamps",
                   "audio_transport", "sampling", "speaker") + PASSED_FIELDS
+# vLLM-Omni's newer clients name the text's flow instead: both feed one request as text arrives
+# (`append`), or, for a pipeline that cannot take text that way, speak each sentence once complete
+STREAMING_MODES = ("token_level", "sentence_commit")
 STREAMING_INPUT = "streaming_input"   # the pipeline parameter behind split_granularity=append
 SAMPLE_RATES = (8000, 192000)
 
@@ -55,7 +60,14 @@ def _bool(msg: dict, name: str, default: bool) -> bool:
 def parse_session_config(msg: dict[str, Any], resolve, catalog, voices) -> SessionConfig:
     """`resolve(model) -> pipeline` raises the 404 / 503 ApiError; `catalog` and `voices` are the
     shim's. Raises ApiError (400) naming the field."""
-    split = msg.get("split_granularity", "none")
+    mode = msg.get("streaming_mode")
+    if mode is not None:
+        if mode not in STREAMING_MODES:
+            raise invalid_request("streaming_mode", f"streaming_mode: unknown value {shown(mode)}; use one of "
+                                                    f"{', '.join(STREAMING_MODES)} (or split_granularity)")
+        if msg.get("split_granularity") is not None:
+            raise invalid_request("streaming_mode", "streaming_mode: give it or split_granularity, not both")
+    split = msg.get("split_granularity") or "none"
     if split not in SPLITS:
         raise invalid_request("split_granularity", f"split_granularity: unknown value {shown(split)}; "
                                                    f"use one of {', '.join(SPLITS)}")
@@ -106,6 +118,8 @@ def parse_session_config(msg: dict[str, Any], resolve, catalog, voices) -> Sessi
         if not info.accepts(name):
             raise invalid_request(name, f"{name}: not supported by model '{info.name}'", code="unsupported_parameter")
         request.params[name] = check_param(info, name, value)
+    if mode is not None:
+        split = "append" if info.known and info.accepts(STREAMING_INPUT) else "sentence"
     if split == "append":
         if not (info.known and info.accepts(STREAMING_INPUT)):
             raise invalid_request("split_granularity", f"split_granularity: append needs a model that reads text "

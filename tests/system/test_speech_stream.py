@@ -94,6 +94,41 @@ def test_append_pieces_equal_whole(text_shim, lang, text, voice):
         assert run.audio == whole.audio, (pieces, delay)
 
 
+def test_vllm_omni_streaming_modes_and_commits(text_shim):
+    """vLLM-Omni's newer clients: `streaming_mode: token_level` or `sentence_commit` with
+    `input.commit` after each sentence. On a pipeline that reads text as it arrives both are
+    append mode (the same audio as `split_granularity: append`), each commit answered
+    `input.committed` with its id and index; on one that cannot (hibari) each sentence is spoken
+    once complete, a commit speaking what was held back."""
+    url = ws_url(text_shim.url)
+    sentences = ["Hello world, this is a streaming test.", " It speaks while an LLM is still writing!"]
+    append, _ = asyncio.run(_utterance(url, _config(), sentences))
+
+    async def committed(config: dict):
+        async with SpeechStreamClient(url, config) as session:
+            for i, sentence in enumerate(sentences):
+                await session.send_text(sentence)
+                await session.commit(f"sentence-{i}")
+            return await session.finish()
+
+    base = {k: v for k, v in APPEND.items() if k != "split_granularity"}
+    for mode in ("token_level", "sentence_commit"):
+        run = asyncio.run(committed({**base, "streaming_mode": mode}))
+        assert not run.errors, run.errors
+        acks = [m for m in run.messages if m["type"] == "input.committed"]
+        assert [(m["commit_id"], m["sentence_index"]) for m in acks] == [("sentence-0", 0), ("sentence-1", 1)]
+        assert run.audio == append.audio, mode
+    hibari = asyncio.run(committed({"model": "hibari", "streaming_mode": "sentence_commit", "response_format": "pcm"}))
+    assert not hibari.errors, hibari.errors
+    said = [m["sentence_text"] for m in hibari.messages if m["type"] == "audio.start"]
+    assert said == [s.strip() for s in sentences] and hibari.audio
+
+    async def refused():
+        async with SpeechStreamClient(url, {**base, "streaming_mode": "word_level"}) as session:
+            return await session.wait_message("error", 30)
+    assert asyncio.run(refused()).message["param"] == "streaming_mode"
+
+
 def test_append_audio_starts_before_the_text_is_complete(text_shim):
     run, sent_all = asyncio.run(_utterance(ws_url(text_shim.url), _config(), _words(ENGLISH), 0.25))
     first_audio = next(r.at for r in run.received if r.audio)
