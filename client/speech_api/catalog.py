@@ -28,7 +28,7 @@ OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "on
 # Request field names a pipeline may use for the speaker, first match wins.
 VOICE_PARAM_NAMES = ("voice", "speaker")
 # Fields that only make sense for pipelines that clone a voice from reference audio.
-CLONE_FIELDS = ("ref_audio", "ref_text", "x_vector_only_mode")
+CLONE_FIELDS = ("ref_audio", "ref_text", "x_vector_only_mode", "speaker_embedding")
 # Parameter types `Param` checks; a catalog may also list others (a list of messages).
 _SCALAR_TYPES = ("int", "float", "str", "bool")
 

@@ -36,8 +36,9 @@ SHIM_FIELDS = ("stream", "speaker")
 # `ignore_eos` (its benchmark sends it): generate up to `max_new_tokens`; false is every
 # pipeline's own behaviour, so it is only passed on where the pipeline accepts the field.
 EXTENSION_FIELDS = ("task_type", "language", "seed", "max_new_tokens", "initial_codec_chunk_frames",
-                    "ref_audio", "ref_text", "x_vector_only_mode", "ignore_eos")
+                    "ref_audio", "ref_text", "x_vector_only_mode", "speaker_embedding", "ignore_eos")
 MAX_REF_AUDIO_CHARS = 16 * 1024 * 1024
+MAX_EMBEDDING = 4096   # numbers in a speaker embedding (vLLM-Omni's limit)
 # An extension may have another name in a pipeline's adapter; the first name it accepts is used.
 EXTENSION_PARAM_NAMES = {"initial_codec_chunk_frames": ("initial_codec_chunk_frames", "initial_chunk_frames"),
                          # a model that counts its steps in patches calls the step limit max_len
@@ -208,6 +209,12 @@ def parse_speech_body(body: Any) -> SpeechRequest:
     ref_audio = _string(body, "ref_audio")
     if ref_audio is not None:
         ext["ref_audio"] = _ref_audio(ref_audio)
+    embedding = body.get("speaker_embedding")
+    if embedding is not None:   # a list of numbers; the pipeline checks its length and values
+        if not isinstance(embedding, list) or not embedding or len(embedding) > MAX_EMBEDDING:
+            raise invalid_request("speaker_embedding", f"speaker_embedding: must be a list of 1..{MAX_EMBEDDING} "
+                                                       "numbers")
+        ext["speaker_embedding"] = embedding
     req.extensions = {name: ext[name] for name in EXTENSION_FIELDS if name in ext}
     req.model_params = {name: body[name] for name in unknown}
     return req
@@ -231,7 +238,8 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
     ignored: list[str] = []
     voice = (registered.get(req.voice) if registered is not None and info.clones_voices and req.voice
              else None)
-    if voice is not None and "ref_audio" not in req.extensions:
+    clones = "ref_audio" in req.extensions or "speaker_embedding" in req.extensions
+    if voice is not None and not clones:
         req.extensions = dict(req.extensions)
         req.extensions["ref_audio"] = registered.data_url(voice)
         if voice.ref_text and "ref_text" not in req.extensions and not req.extensions.get("x_vector_only_mode"):
@@ -263,12 +271,11 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
     stock = req.voice is None or req.voice.lower() in OPENAI_VOICES
     if voice is not None or req.voice is None:
         pass  # the registered voice is the reference audio
-    elif info.clones_voices and "ref_audio" in req.extensions:
+    elif info.clones_voices and clones:
         # the recording is the voice; vLLM-Omni's clients send a preset name beside it anyway
         if not stock:
             ignored.append("voice")
-    elif (info.clones_voices and voice_spec is not None and not voice_spec.choices and not stock
-          and "ref_audio" not in req.extensions):
+    elif info.clones_voices and voice_spec is not None and not voice_spec.choices and not stock:
         known = [v.name for v in registered.list()] if registered is not None else []
         raise invalid_request("voice", f"voice: no registered voice named {req.voice!r} (registered: "
                                        f"{', '.join(known) or 'none'}); upload one to /v1/audio/voices or "

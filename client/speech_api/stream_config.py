@@ -30,7 +30,7 @@ PASSED_FIELDS = SAMPLING_FIELDS + ("non_streaming_mode",)   # to pipelines that 
 TRANSPORTS = ("binary", "json")
 # Request fields with a meaning of their own: never taken from `sampling`.
 NOT_SAMPLING = ("voice", "speaker", "speed", "instructions", "ref_audio", "ref_text", "x_vector_only_mode",
-                "streaming_input", "task_type", "language", "model")
+                "speaker_embedding", "streaming_input", "task_type", "language", "model")
 SESSION_FIELDS = ("type", "split_granularity", "streaming_mode", "sample_rate", "stream_audio", "word_timestamps",
                   "audio_transport", "sampling", "speaker") + PASSED_FIELDS
 # vLLM-Omni's newer clients name the text's flow instead: both feed one request as text arrives

@@ -60,7 +60,7 @@ def check_string(field: str, value: str) -> None:
 class Param:
     """One request parameter: type, range, choices, default."""
     name: str
-    kind: type                    # int, float, str, bool
+    kind: type                    # int, float, str, bool, or list (of numbers, at most max_len)
     default: Any = None
     lo: float | None = None
     hi: float | None = None
@@ -77,7 +77,7 @@ class Param:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Param":
-        kinds = {"int": int, "float": float, "str": str, "bool": bool}
+        kinds = {"int": int, "float": float, "str": str, "bool": bool, "list": list}
         return cls(name=d["name"], kind=kinds[d["type"]], default=d.get("default"), lo=d.get("lo"),
                    hi=d.get("hi"), choices=tuple(d["choices"]) if d.get("choices") else None,
                    max_len=d.get("max_len"), help=d.get("help", ""))
@@ -89,6 +89,21 @@ class Param:
             if not isinstance(value, bool):
                 raise InvalidRequest(self.name, f"must be true or false, got {shown(value)}")
             return value
+        if self.kind is list:
+            if not isinstance(value, list) or not value:
+                raise InvalidRequest(self.name, f"must be a non-empty list of numbers, got {shown(value)}")
+            if self.max_len is not None and len(value) > self.max_len:
+                raise InvalidRequest(self.name, f"must have at most {self.max_len} numbers, got {len(value)}")
+            out = []
+            for i, x in enumerate(value):
+                try:
+                    number = float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+                except OverflowError:   # a 400-digit integer
+                    number = math.nan
+                if not math.isfinite(number):
+                    raise InvalidRequest(self.name, f"element {i} must be a finite number, got {shown(x)}")
+                out.append(number)
+            return out
         if self.kind in (int, float):
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             if ok and isinstance(value, float):

@@ -158,6 +158,30 @@ def test_vllm_omni_upload_form_and_listing(voice_shim, recordings):
     assert httpx.delete(f"{url}/v1/audio/voices/narrator").status_code == 200
 
 
+def test_a_speaker_embedding_clones_as_its_recording_does(voice_shim, recordings):
+    """vLLM-Omni's `speaker_embedding`: the x-vector computed before (here by the checkpoint's
+    own speaker encoder) speaks as the recording does in x-vector-only mode, bit for bit; its
+    length must be the checkpoint's, and it goes alone (not with ref_audio)."""
+    from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
+    from omni_backend.models.qwen3_tts.config import load_config
+    from omni_backend.models.qwen3_tts.voice_clone import VoiceEncoder
+
+    path = resolve_checkpoint(f"builtin:{MODEL}")
+    encoder = VoiceEncoder.from_checkpoint(path, dict(load_config(path).speaker_encoder))
+    xvector = encoder.encode_audio(recordings[1], 24000, with_codes=False)[0].tolist()
+    url = voice_shim["server"].url
+    recording = "data:audio/wav;base64," + base64.b64encode(audio_bytes(recordings[1])).decode()
+    by_recording = speech(url, "alloy", ref_audio=recording, x_vector_only_mode=True)
+    by_embedding = speech(url, "vivian", speaker_embedding=xvector, task_type="Base")
+    assert by_embedding == by_recording and len(by_embedding) == 9 * 1920 * 2
+    for extra, param in (({"speaker_embedding": xvector[:-1]}, "speaker_embedding"),
+                         ({"speaker_embedding": xvector, "ref_audio": recording}, "ref_audio"),
+                         ({"speaker_embedding": ["x"] * len(xvector)}, "speaker_embedding"),
+                         ({"speaker_embedding": 5}, "speaker_embedding")):
+        r = httpx.post(f"{url}/v1/audio/speech", json={"model": MODEL, "input": "Hi.", **GREEDY, **extra}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (param, r.text[:300])
+
+
 def test_bad_uploads_are_named(voice_shim, recordings):
     url = voice_shim["server"].url
     good = audio_bytes(recordings[2])

@@ -157,3 +157,15 @@ def test_temperature_zero_is_greedy(qwen3_adapters):
         with pytest.raises(InvalidRequest) as e:
             adapter.validate(b"Hello.", b'{"temperature": 0, "do_sample": true}')
         assert ERROR.fullmatch(str(e.value))["field"] == "temperature"
+
+
+def test_a_list_param_takes_finite_numbers_only():
+    from omni_backend.adapters.base import Param
+
+    spec = Param("speaker_embedding", list, max_len=3)
+    assert spec.check([1, 2.5, -3]) == [1.0, 2.5, -3.0] and spec.check(None) is None
+    for bad in ([], "1,2", [1, True], [1, float("nan")], [10**400], [1, 2, 3, 4], [[1]]):
+        with pytest.raises(InvalidRequest) as e:
+            spec.check(bad)
+        assert ERROR.fullmatch(str(e.value))["field"] == "speaker_embedding", bad
+    assert Param.from_dict(spec.to_dict()) == spec

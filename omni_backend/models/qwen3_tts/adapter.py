@@ -73,6 +73,8 @@ class Qwen3TTSAdapter(TTSAdapter):
               help="Base: voice to clone, data URL or base64 of wav/flac/mp3 (1-30 s, <= 10 MiB)"),
         Param("ref_text", str, max_len=4096, help="Base: transcript of ref_audio (required unless x_vector_only_mode)"),
         Param("x_vector_only_mode", bool, help="Base: clone from the speaker embedding only (no ref_text)"),
+        Param("speaker_embedding", list, max_len=4096,
+              help="Base: a speaker embedding (x-vector) computed before, instead of ref_audio (x-vector-only mode)"),
         Param("streaming_input", bool, help="the text arrives in pieces while the request runs "
                                             "(CONTROL=append with this request's id; the last with end)"),
     )
@@ -105,7 +107,7 @@ class Qwen3TTSAdapter(TTSAdapter):
         fields are left out for the others), and only checkpoints that follow instructions list
         `instructions`."""
         clones = self.checkpoint_kind == "base"
-        left_out = set() if clones else {"ref_audio", "ref_text", "x_vector_only_mode"}
+        left_out = set() if clones else {"ref_audio", "ref_text", "x_vector_only_mode", "speaker_embedding"}
         if clones or self.builder.config.ignores_instructions:
             # the reference drops them there (0.6B CustomVoice) or takes none (Base): a client of
             # the speech API gets them named as ignored; PARAMS that carry them are refused
@@ -160,7 +162,7 @@ class Qwen3TTSAdapter(TTSAdapter):
     def _check_voice_clone(self, kind: str, params: dict[str, Any]):
         """Base: the reference audio decodes, is 1..30 s and <= 10 MiB, and ICL mode has a
         transcript. Returns a stand-in clone prompt (zeros of the right shapes) for the builder."""
-        fields = ("ref_audio", "ref_text", "x_vector_only_mode")
+        fields = ("ref_audio", "ref_text", "x_vector_only_mode", "speaker_embedding")
         if kind != "base":
             for name in fields:
                 if params.get(name) is not None:
@@ -172,9 +174,23 @@ class Qwen3TTSAdapter(TTSAdapter):
         from omni_backend.models.qwen3_tts.prompt import VoiceClonePrompt
         from omni_backend.reference_audio import ReferenceAudioLimits, decode_reference_audio
 
+        hidden = self.builder.config.talker.hidden_size
+        embedding = params.get("speaker_embedding")
+        if embedding is not None:   # vLLM-Omni's: the x-vector itself, so x-vector-only mode
+            for name in ("ref_audio", "ref_text"):
+                if params.get(name) is not None:
+                    raise InvalidRequest(name, "not with speaker_embedding (the voice is the embedding)")
+            if params.get("x_vector_only_mode") is False:
+                raise InvalidRequest("x_vector_only_mode", "speaker_embedding clones in x-vector-only mode")
+            if len(embedding) != hidden:
+                raise InvalidRequest("speaker_embedding", f"has {len(embedding)} numbers; this checkpoint's "
+                                                          f"speaker embedding has {hidden}")
+            params["x_vector_only_mode"] = True
+            return VoiceClonePrompt(speaker_embedding=torch.tensor(embedding, dtype=torch.float32), ref_codes=None,
+                                    x_vector_only=True, ref_text=None)
         if params.get("ref_audio") is None:
             raise InvalidRequest("ref_audio", "required by the Base (voice clone) checkpoint: a data URL or "
-                                              "base64 of a wav / flac / mp3 recording")
+                                              "base64 of a wav / flac / mp3 recording (or a speaker_embedding)")
         x_vector_only = bool(params.get("x_vector_only_mode"))
         if params.get("ref_text") is not None and not params["ref_text"].strip():
             params["ref_text"] = None
@@ -183,7 +199,6 @@ class Qwen3TTSAdapter(TTSAdapter):
                                              "ref_audio), unless x_vector_only_mode is true")
         audio, rate = decode_reference_audio(params["ref_audio"], "ref_audio",
                                              ReferenceAudioLimits(max_bytes=REF_AUDIO_MAX_BYTES))
-        hidden = self.builder.config.talker.hidden_size
         frames = max(1, -(-int(round(audio.shape[0] * 24000 / rate)) // 1920))
         return VoiceClonePrompt(speaker_embedding=torch.zeros(hidden),
                                 ref_codes=None if x_vector_only else torch.zeros(frames, 16, dtype=torch.long),

@@ -133,9 +133,15 @@ class Qwen3TalkerStage(StageModel):
             return value
 
     async def _voice_clone(self, ctx: StreamContext, request: dict[str, Any]):
+        from omni_backend.models.qwen3_tts.prompt import VoiceClonePrompt
+
+        if request.get("speaker_embedding") is not None:   # an x-vector computed before
+            import torch
+
+            return VoiceClonePrompt(speaker_embedding=torch.tensor(request["speaker_embedding"], dtype=torch.float32),
+                                    ref_codes=None, x_vector_only=True, ref_text=None)
         if request.get("ref_audio") is None:
             return None
-        from omni_backend.models.qwen3_tts.prompt import VoiceClonePrompt
 
         if self.voice_encoder is None:
             raise PipelineError("ref_audio given to a checkpoint without a speaker encoder")
