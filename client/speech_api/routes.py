@@ -19,6 +19,7 @@ from client.speech_api.errors import ApiError, from_triton, internal, invalid_re
 from client.speech_api.request import body_error, build_triton_params, parse_speech_body
 from client.speech_api.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
 from client.speech_api.response import AudioStreamResponse, WatchedResponse
+from client.speech_api.realtime import RealtimeSession
 from client.speech_api.speech_batch import batch_items, run_batch
 from client.speech_api.speech_stream import SpeechStreamSession
 from client.speech_api.synthesis import SpeechSynthesis
@@ -328,17 +329,31 @@ async def create_chat_completion(request: Request):
     return WatchedResponse(answer(), media_type="application/json", headers=headers, abandon=completion.close)
 
 
+async def _ws_authorized(websocket: WebSocket) -> bool:
+    """The API key of a WebSocket (browsers cannot set headers on one: `?api_key=` then); a bad
+    one closes it (1008)."""
+    key = websocket.query_params.get("api_key")
+    try:
+        websocket.app.state.shim.api_keys.check(websocket.headers.get("authorization")
+                                                or (f"Bearer {key}" if key else None))
+    except ApiError:
+        await websocket.close(code=1008, reason="invalid_api_key")
+        return False
+    return True
+
+
 @router.websocket("/v1/audio/speech/stream")
 async def speech_stream(websocket: WebSocket) -> None:
     """Text in as it is written, audio out as it is made (client/speech_api/speech_stream.py)."""
-    shim = websocket.app.state.shim
-    key = websocket.query_params.get("api_key")   # browsers cannot set headers on a WebSocket
-    try:
-        shim.api_keys.check(websocket.headers.get("authorization") or (f"Bearer {key}" if key else None))
-    except ApiError:
-        await websocket.close(code=1008, reason="invalid_api_key")
-        return
-    await SpeechStreamSession(websocket, shim).run()
+    if await _ws_authorized(websocket):
+        await SpeechStreamSession(websocket, websocket.app.state.shim).run()
+
+
+@router.websocket("/v1/realtime")
+async def realtime(websocket: WebSocket) -> None:
+    """A spoken turn in, a spoken answer out (client/speech_api/realtime.py)."""
+    if await _ws_authorized(websocket):
+        await RealtimeSession(websocket, websocket.app.state.shim).run()
 
 
 __all__ = ["router", "STATIC_DIR"]

@@ -313,6 +313,60 @@ def test_vllm_omni_example_client_request_equals_the_triton_stream(stack, client
                                atol=QUANTUM)
 
 
+def test_vllm_omni_realtime_session_answers_a_spoken_turn(stack, client):
+    """vLLM-Omni's `/v1/realtime` client: session.update with the model, a non-final commit, the
+    recording as PCM16 16-kHz chunks, a final commit; the answer's text (transcription.*) equals the
+    chat route's answer to the same recording, its audio comes as PCM16 deltas at 24 kHz; a second
+    turn on the same connection is answered too, and bad messages are coded errors that leave the
+    session open."""
+    from websockets.asyncio.client import connect
+
+    wav = base64.b64decode(_wav_b64(1.5))
+    pcm = sf.read(io.BytesIO(wav), dtype="int16")[0].tobytes()
+    url = stack[1].url.replace("http://", "ws://") + "/v1/realtime"
+    want = client.chat.completions.create(model=MODEL, modalities=["text"], messages=[{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}]}])
+
+    async def turn(ws) -> tuple[str, bytes, list[dict]]:
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": False}))
+        for i in range(0, len(pcm), 6400):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm[i:i + 6400]).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        deltas, audio, events = [], b"", []
+        while True:
+            event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+            events.append(event)
+            if event["type"] == "transcription.delta":
+                deltas.append(event["delta"])
+            elif event["type"] == "response.audio.delta":
+                assert event["sample_rate_hz"] == 24000
+                audio += base64.b64decode(event["audio"])
+            elif event["type"] in ("response.audio.done", "error"):
+                return "".join(deltas), audio, events
+
+    async def session():
+        async with connect(url, max_size=None) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            await ws.send(json.dumps({"type": "session.update", "model": "hibari"}))
+            refused = json.loads(await ws.recv())
+            await ws.send(json.dumps({"type": "session.update", "model": MODEL}))
+            assert json.loads(await ws.recv())["type"] == "session.updated"
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": "not base64!"}))
+            bad_audio = json.loads(await ws.recv())
+            first = await turn(ws)
+            second = await turn(ws)
+            return refused, bad_audio, first, second
+
+    refused, bad_audio, first, second = asyncio.run(session())
+    assert refused["type"] == "error" and refused["param"] == "model"
+    assert bad_audio["type"] == "error" and bad_audio["param"] == "audio"
+    for text, audio, events in (first, second):
+        assert text == want.choices[0].message.content, [e for e in events if e["type"] == "error"]
+        done = next(e for e in events if e["type"] == "transcription.done")
+        assert done["text"] == text and len(audio) > 0 and len(audio) % 2 == 0
+
+
 def test_a_recording_over_the_limit_is_a_400_saying_it(client):
     too_long = {"type": "input_audio", "input_audio": {"data": _wav_b64(121.0, 8000), "format": "wav"}}
     with pytest.raises(openai.BadRequestError) as e:
