@@ -1,5 +1,5 @@
 """`WS /v1/realtime` (vLLM-Omni's, OpenAI-Realtime-like): a spoken turn in, a spoken answer out,
-for a chat model that hears and speaks (Qwen3-Omni).
+for a chat model that hears and speaks.
 
 Client messages (JSON text frames):
 
