@@ -121,6 +121,7 @@ class ChatRequest:
     text: str                       # the new user message ("" when `parts` carries it)
     audio: bool = False             # "audio" in modalities
     voice: str | None = None
+    voice_field: str = "audio.voice"  # where the voice came from (vLLM-Omni's clients: speaker)
     audio_format: str | None = None  # AUDIO_FORMATS key
     stream: bool = False
     include_usage: bool = False
@@ -420,6 +421,8 @@ def parse_chat_body(body: Any, transcripts: AudioTranscripts | None = None) -> C
                       audio="audio" in modalities, stream=_bool(body, "stream"), parts=parts)
     if req.audio:
         req.voice, req.audio_format = _audio(body)
+        if body.get("audio") is None:
+            req.voice_field = "speaker"
     else:
         for name in ("audio", "speaker"):
             if body.get(name) is not None:
@@ -473,7 +476,7 @@ class ChatTritonRequest:
     audio_url_parts: tuple[str, ...] = ()   # ChatRequest.audio_url_parts
 
 
-def _voice(voice: str, info: PipelineInfo, put, params: dict[str, Any]) -> None:
+def _voice(voice: str, info: PipelineInfo, put, params: dict[str, Any], field: str = "audio.voice") -> None:
     """audio.voice -> the pipeline's speaker parameter. OpenAI's stock names (alloy, ...) mean the
     model's default voice unless the model has a voice of that name, as for /v1/audio/speech."""
     if not voice:   # none given (vLLM-Omni's clients): the model's default
@@ -482,16 +485,16 @@ def _voice(voice: str, info: PipelineInfo, put, params: dict[str, Any]) -> None:
     choices = spec.choices if spec is not None else None
     choice = next((c for c in choices or () if c.lower() == voice.lower()), None)
     if choice is not None:
-        put(spec.name, choice, "audio.voice")
+        put(spec.name, choice, field)
     elif voice.lower() in OPENAI_VOICES:
         return
     elif spec is not None and not choices:   # the model checks it
-        put(spec.name, voice, "audio.voice")
+        put(spec.name, voice, field)
     elif not info.known:                     # pass-through: the chat contract's name
         params["speaker"] = voice
     else:
         available = ", ".join(choices) if choices else "none to choose"
-        raise invalid_request("audio.voice", f"audio.voice: unknown voice {shown(voice)} for model '{info.name}'; "
+        raise invalid_request(field, f"{field}: unknown voice {shown(voice)} for model '{info.name}'; "
                                              f"available: {available}")
 
 
@@ -524,7 +527,7 @@ def build_chat_params(req: ChatRequest, info: PipelineInfo) -> ChatTritonRequest
         params["return_audio"] = False
         fields["return_audio"] = "modalities"
     if req.audio:
-        _voice(req.voice or "", info, put, params)
+        _voice(req.voice or "", info, put, params, req.voice_field)
 
     if req.max_tokens is not None:
         put("max_tokens", req.max_tokens, req.max_tokens_field)

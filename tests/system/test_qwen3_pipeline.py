@@ -154,7 +154,7 @@ def test_cancelled_stream_frees_its_slot_and_others_finish_unchanged(triton):
     ({"voice": "nobody"}, "voice"),
     ({"language": "klingon"}, "language"),
     ({"task_type": "VoiceDesign"}, "task_type"),
-    ({"temperature": 0}, "temperature"),
+    ({"temperature": 0, "do_sample": True}, "temperature"),   # 0 alone is greedy
     ({"top_p": 1.5}, "top_p"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"initial_chunk_frames": 0}, "initial_chunk_frames"),
