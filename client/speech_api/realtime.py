@@ -3,8 +3,10 @@ for a chat model that hears and speaks.
 
 Client messages (JSON text frames):
 
-- `session.update`: `model` (a chat model; the default model when left out), and optionally
-  `voice` (or `speaker`) and `instructions` (the system prompt); between turns it changes them;
+- `session.update` (its fields at the top level or in `session`): `model` (a chat model; the
+  default model when left out), and optionally `voice` (or `speaker`) and `instructions` (the
+  system prompt); between turns it changes them. `input_audio_format` / `output_audio_format` may
+  only be `pcm16`; `session.updated` names the fields it does not use (`ignored_fields`);
 - `input_audio_buffer.append`: `audio`, base64 of PCM16 mono at 16 kHz (`sample_rate_hz` may name
   another rate), appended to the turn's recording (at most `MAX_TURN_S` seconds);
 - `input_audio_buffer.commit`: `final: true` (or no `final`) ends the turn's recording and asks for
@@ -144,8 +146,9 @@ class RealtimeSession:
     async def _handle(self, msg: dict) -> bool:
         kind = msg.get("type")
         if kind == "session.update":
-            self._update(msg.get("session") if isinstance(msg.get("session"), dict) else msg)
-            await self.send({"type": "session.updated", "session": {"id": self.session_id, **self.settings}})
+            ignored = self._update(msg.get("session") if isinstance(msg.get("session"), dict) else msg)
+            await self.send({"type": "session.updated", "session": {"id": self.session_id, **self.settings},
+                             "ignored_fields": ignored})
         elif kind == "input_audio_buffer.append":
             self._append(msg)
         elif kind == "input_audio_buffer.clear":
@@ -167,9 +170,14 @@ class RealtimeSession:
             raise invalid_request("type", f"type: unknown message type {kind!r}")
         return True
 
-    def _update(self, fields: dict) -> None:
+    def _update(self, fields: dict) -> list[str]:
+        """The session's settings from a session.update; returns the fields it does not use (an
+        OpenAI Realtime client's turn detection, say), which session.updated names."""
         if self.answer is not None and not self.answer.done():
             raise invalid_request("session.update", "session.update: not while an answer is being made")
+        for name in ("input_audio_format", "output_audio_format"):   # audio is PCM16 both ways
+            if fields.get(name) not in (None, "pcm16"):
+                raise invalid_request(name, f"{name}: only pcm16")
         settings = dict(self.settings)
         for name in ("model", "voice", "speaker", "instructions"):
             if name in fields:
@@ -180,6 +188,8 @@ class RealtimeSession:
         if settings.get("model") is not None:
             self.resolve(settings["model"])   # a model not served: refused now
         self.settings = {k: v for k, v in settings.items() if v is not None}
+        used = ("type", "model", "voice", "speaker", "instructions", "input_audio_format", "output_audio_format")
+        return sorted(k for k in fields if k not in used)
 
     def _append(self, msg: dict) -> None:
         rate = msg.get("sample_rate_hz", self.rate if self.audio else INPUT_RATE)

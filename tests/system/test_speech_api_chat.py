@@ -350,8 +350,12 @@ def test_vllm_omni_realtime_session_answers_a_spoken_turn(stack, client):
             assert json.loads(await ws.recv())["type"] == "session.created"
             await ws.send(json.dumps({"type": "session.update", "model": "hibari"}))
             refused = json.loads(await ws.recv())
-            await ws.send(json.dumps({"type": "session.update", "model": MODEL}))
-            assert json.loads(await ws.recv())["type"] == "session.updated"
+            await ws.send(json.dumps({"type": "session.update", "session": {"model": MODEL, "turn_detection": None,
+                                                                           "input_audio_format": "pcm16"}}))
+            updated = json.loads(await ws.recv())
+            assert updated["type"] == "session.updated" and updated["ignored_fields"] == ["turn_detection"]
+            await ws.send(json.dumps({"type": "session.update", "input_audio_format": "g711_ulaw"}))
+            assert json.loads(await ws.recv())["param"] == "input_audio_format"
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": "not base64!"}))
             bad_audio = json.loads(await ws.recv())
             first = await turn(ws)
