@@ -101,7 +101,7 @@ class ChatCompletion(AdmittedStream):
         await self.open(self.triton.text, self.triton.params, parts=True,
                         refine=lambda e: chat_error(e, self.triton))
 
-    async def _parts(self) -> AsyncIterator[tuple[str, Any]]:
+    async def parts(self) -> AsyncIterator[tuple[str, Any]]:
         """("text", str) and ("audio", encoded bytes) in arrival order; the encoder's tail last."""
         assert self.stream is not None
         loop = asyncio.get_running_loop()
@@ -193,7 +193,7 @@ class ChatCompletion(AdmittedStream):
             return {"audio": fields}
 
         try:
-            async for kind, value in self._parts():
+            async for kind, value in self.parts():
                 if kind == "text":
                     yield self._chunk(audio_delta(transcript=value) if audio else {"content": value})
                     continue
@@ -231,7 +231,7 @@ class ChatCompletion(AdmittedStream):
         """The whole `chat.completion` object (not streaming); ends the Triton stream."""
         audio = bytearray()
         try:
-            async for kind, value in self._parts():
+            async for kind, value in self.parts():
                 if kind == "audio":
                     audio += value
         finally:

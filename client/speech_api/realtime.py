@@ -40,7 +40,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from client.speech_api.chat_completion import ChatCompletion
 from client.speech_api.chat_request import build_chat_params, parse_chat_body
-from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
+from client.speech_api.errors import ApiError, from_triton, internal, invalid_request
+from client.speech_api.speech_stream import served_pipeline
 from client.speech_api.stream_config import error_message
 from client.triton_stream import TritonStreamError
 
@@ -73,11 +74,7 @@ class RealtimeSession:
 
     def resolve(self, model: str) -> str:
         """The chat pipeline behind `model`; 404 / 503 as the HTTP routes answer."""
-        pipeline = self.shim.catalog.resolve(model)
-        if pipeline is None:
-            if not self.shim.pool.any_healthy():
-                raise no_backend("No Triton server is reachable", 2.0)
-            raise model_not_found(model, self.shim.catalog.model_names())
+        pipeline = served_pipeline(self.shim, model)
         info = self.shim.catalog.get(pipeline)
         if not info.chat or not info.speaks:
             raise invalid_request("model", f"model: '{model}' does not answer a spoken turn aloud (a chat model "
@@ -239,7 +236,7 @@ class RealtimeSession:
                                         {"model": pipeline, "stream": "realtime"}, self.shim.chat_audio)
             await completion.start()
             pending = b""
-            async for kind, value in completion._parts():
+            async for kind, value in completion.parts():
                 if kind == "text":
                     await self.send({"type": "transcription.delta", "delta": value})
                     continue

@@ -572,13 +572,20 @@ class SpeechStreamSession:
             self.utterances.append(self.utterance)
 
     def _resolve(self, model: str) -> str:
-        pipeline = self.shim.catalog.resolve(model)
-        if pipeline is None:
-            if not self.shim.pool.any_healthy():
-                raise no_backend("No Triton server is reachable", 2.0)
-            raise model_not_found(model, self.shim.catalog.model_names())
+        pipeline = served_pipeline(self.shim, model)
         refuse_chat_pipeline(self.shim.catalog.get(pipeline))
         return pipeline
 
 
-__all__ = ["SpeechStreamSession"]
+def served_pipeline(shim: Any, model: str) -> str:
+    """The pipeline behind a WebSocket session's `model`: 404 when Triton is up and lacks it,
+    503 when no Triton is reachable (as the HTTP routes answer)."""
+    pipeline = shim.catalog.resolve(model)
+    if pipeline is None:
+        if not shim.pool.any_healthy():
+            raise no_backend("No Triton server is reachable", 2.0)
+        raise model_not_found(model, shim.catalog.model_names())
+    return pipeline
+
+
+__all__ = ["SpeechStreamSession", "served_pipeline"]
