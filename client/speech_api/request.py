@@ -275,7 +275,7 @@ def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any 
         # the recording is the voice; vLLM-Omni's clients send a preset name beside it anyway
         if not stock:
             ignored.append("voice")
-    elif info.clones_voices and voice_spec is not None and not voice_spec.choices and not stock:
+    elif info.clones_voices and (voice_spec is None or not voice_spec.choices) and not stock:
         known = [v.name for v in registered.list()] if registered is not None else []
         raise invalid_request("voice", f"voice: no registered voice named {req.voice!r} (registered: "
                                        f"{', '.join(known) or 'none'}); upload one to /v1/audio/voices or "

@@ -47,3 +47,18 @@ def test_unknown_voice_is_a_400_naming_voice(openai_client):
     with pytest.raises(openai.BadRequestError) as e:
         openai_client.audio.speech.create(model=MODEL, voice="alloy-not-here", input=TEXT)
     assert "voice" in str(e.value)
+
+
+def test_vllm_omni_benchmark_body_is_served(shim):
+    """What vLLM-Omni's benchmark posts to any model (no voice, streamed pcm, `ignore_eos`) is
+    served (it was a 400: `ignore_eos` unsupported) and `ignore_eos` is listed as a parameter; the
+    greedy audio is the default voice's, the same as the request without `ignore_eos` (this
+    checkpoint never says eos before its limit)."""
+    info = httpx.get(f"{shim.url}/v1/models/{MODEL}", timeout=30).json()
+    assert any(p["name"] == "ignore_eos" and p["type"] == "bool" for p in info["parameters"])
+    body = {"model": MODEL, "input": TEXT, "stream": True, "stream_format": "audio", "response_format": "pcm",
+            "temperature": 0, "max_new_tokens": 70}
+    forced = httpx.post(f"{shim.url}/v1/audio/speech", json={**body, "ignore_eos": True}, timeout=120)
+    plain = httpx.post(f"{shim.url}/v1/audio/speech", json={**body, "voice": "tara"}, timeout=120)
+    assert forced.status_code == plain.status_code == 200, forced.text[:300]
+    assert len(forced.content) > 0 and forced.content == plain.content

@@ -234,3 +234,35 @@ def test_a_registered_voice_without_transcript_clones_as_a_reference(voxcpm2_ser
         np.testing.assert_allclose(served, direct.audio, atol=2 / 32768)
     finally:
         shim.stop()
+
+
+def test_ignore_eos_runs_to_the_patch_limit_and_an_unknown_voice_is_refused(voxcpm2_shim, voxcpm2_server):
+    """vLLM-Omni's benchmark body (no voice, streamed pcm, ``ignore_eos``) with ``max_new_tokens``
+    (the patch limit, ``max_len``): the stop head ends nothing, so the audio grows with the limit
+    (twice the patches, twice the samples) past where the random stop head ends it, as Triton's
+    own PARAMS do. A voice name that is neither registered nor a stock name
+    is a 400 naming ``voice`` (it was taken and ignored)."""
+    import httpx
+
+    from tests.system.speech_api_helpers import decode
+
+    def speak(**extra) -> np.ndarray:
+        body = {"model": BUILTIN, "input": "Hello there, this is a benchmark request.", "stream": True,
+                "stream_format": "audio", "response_format": "pcm", "seed": 7, **extra}
+        r = httpx.post(f"{voxcpm2_shim.url}/v1/audio/speech", json=body, timeout=120)
+        assert r.status_code == 200, r.text[:300]
+        return decode(r.content, "pcm")[0]
+
+    stops = speak()
+    twelve, twenty_four = speak(ignore_eos=True, max_new_tokens=12), speak(ignore_eos=True, max_new_tokens=24)
+    assert 0 < stops.size < twelve.size and twenty_four.size == 2 * twelve.size
+    assert direct_size(voxcpm2_server, 12) * twenty_four.size == direct_size(voxcpm2_server, 24) * twelve.size
+    r = httpx.post(f"{voxcpm2_shim.url}/v1/audio/speech", timeout=60,
+                   json={"model": BUILTIN, "input": "Hi.", "voice": "nonexistent"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "voice", r.text
+
+
+def direct_size(server, max_len: int) -> int:
+    """Samples of a request sent to Triton itself with ``ignore_eos`` and ``max_len``."""
+    return synthesize(server.grpc_url, BUILTIN, "Hello there, this is a benchmark request.",
+                      {"ignore_eos": True, "max_len": max_len, "seed": 7}).audio.size

@@ -93,3 +93,18 @@ def test_mp3_upload_and_decode(tmp_path):
 
     audio, rate = decode_reference_audio(VoiceRegistry(tmp_path).data_url(voice))
     assert rate == 24000 and 1.9 < audio.size / rate < 2.2
+
+
+def test_a_cloning_pipeline_without_preset_voices_refuses_an_unknown_voice(tmp_path):
+    """A model that only clones (no voice field, as VoxCPM2) must not take an unknown name silently:
+    it is a registered voice, one of OpenAI's stock names (the model's own default), or a 400."""
+    registry = VoiceRegistry(tmp_path)
+    registry.add("alice", wav(2), "Hello there.", "true")
+    only_clones = PipelineInfo(name="clone_only", fields={n: FieldSpec(name=n) for n in ("ref_audio", "ref_text")})
+    body = {"model": "clone_only", "input": "Hi."}
+    with pytest.raises(ApiError) as e:
+        build_triton_params(parse_speech_body({**body, "voice": "nonexistent"}), only_clones, registry)
+    assert e.value.status == 400 and e.value.param == "voice" and "alice" in e.value.message
+    assert build_triton_params(parse_speech_body({**body, "voice": "alloy"}), only_clones, registry).params == {}
+    params = build_triton_params(parse_speech_body({**body, "voice": "alice"}), only_clones, registry).params
+    assert params["ref_text"] == "Hello there." and "voice" not in params

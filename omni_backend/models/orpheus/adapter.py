@@ -19,6 +19,7 @@ SAMPLING = (
     Param("top_k", int, lo=0, hi=200000),
     Param("top_p", float, lo=1e-3, hi=1.0),
     Param("repetition_penalty", float, lo=1.0, hi=5.0),
+    Param("ignore_eos", bool, help="generate up to max_new_tokens, eos never ends it (benchmarks)"),
 )
 
 

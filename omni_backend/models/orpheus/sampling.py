@@ -44,5 +44,9 @@ def stop_token_ids(model_path: str, end_of_speech: int) -> frozenset[int]:
 
 
 def params_from_request(defaults: SamplingParams, request: Mapping[str, Any]) -> SamplingParams:
+    """A request's sampling over ``defaults``; ``ignore_eos`` holds eos (and end of speech) back
+    for every token ``max_new_tokens`` allows."""
     values = {k: request[k] for k in REQUEST_FIELDS if request.get(k) is not None}
+    if request.get("ignore_eos"):
+        values["min_new_tokens"] = values.get("max_new_tokens", defaults.max_new_tokens)
     return dataclasses.replace(defaults, seed=request.get("seed"), **values).validate()

@@ -36,6 +36,7 @@ class VoxCPM2Adapter(TTSAdapter):
         Param("max_len", int, default=DEFAULTS["max_len"], lo=1, hi=4096,
               help="patch limit (also at most 6 per text token + 10, as the reference)"),
         Param("seed", int, default=DEFAULTS["seed"], lo=0, hi=2**63 - 1, help="seed of the diffusion noise"),
+        Param("ignore_eos", bool, help="the stop head never ends the speech: up to the patch limit (benchmarks)"),
         Param("ref_audio", str, max_len=REF_AUDIO_MAX_CHARS,
               help="voice to clone: data URL or base64 of wav/flac/mp3 (1-30 s, <= 10 MiB)"),
         Param("ref_text", str, max_len=4096, help="the transcript of ref_audio (for the continuation modes)"),

@@ -81,9 +81,12 @@ class VoxCPM2LMStage(StageModel):
                               request.get("ref_text") or "", prompt_feat, ref_feat)
         given = {k: request[k] for k in DEFAULTS if request.get(k) is not None}
         r = {**DEFAULTS, **given}
+        limit = max_patches(prompt, int(r["max_len"]))
+        # ignore_eos: the stop head may end nothing before the limit
+        min_len = limit if request.get("ignore_eos") else int(r["min_len"])
         extra = VoxCPM2Params(cfg_value=float(r["cfg_value"]), inference_timesteps=int(r["inference_timesteps"]),
-                              min_len=int(r["min_len"]))
-        params = SamplingParams(max_new_tokens=max_patches(prompt, int(r["max_len"])), min_new_tokens=0,
+                              min_len=min_len)
+        params = SamplingParams(max_new_tokens=limit, min_new_tokens=0,
                                 seed=int(r["seed"]), extra=extra)
         stream = self.engine.add_request(ctx.stage_request_id, prompt, params)
         ctx.resources.append(stream)
