@@ -53,6 +53,16 @@ QWEN3_OMNI_JOBS = [
         {"role": "assistant", "content": [{"type": "text", "text": "今天天气晴朗，气温大约二十五度，微风，"
                                            "非常适合出门散步或者去公园野餐。下午可能会有一些云，但是不会下雨。"}]},
         {"role": "user", "content": [{"type": "text", "text": "那明天呢？"}]}]},
+    # system messages as OpenAI's clients send them: two leading, one between turns (the template
+    # renders each where it stands; the talker reads user turns only)
+    {"id": "en_system_between_turns_aiden", "speaker": "Aiden", "messages": [
+        {"role": "system", "content": [{"type": "text", "text": "You are a helpful assistant."}]},
+        {"role": "system", "content": [{"type": "text", "text": "Answer briefly."}]},
+        {"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "The capital of France is Paris, which is also "
+                                           "its largest city, on the river Seine in the north of the country."}]},
+        {"role": "system", "content": [{"type": "text", "text": "From now on, answer in French."}]},
+        {"role": "user", "content": [{"type": "text", "text": "And what about Italy?"}]}]},
     {"id": "en_text_only", "prompt": "List three colors.", "return_audio": False},
     # the thinker stops at its token bound before the rigged <|im_end|>
     {"id": "mixed_thinker_bound_chelsie", "prompt": "Translate to English: 我喜欢编程。", "speaker": "Chelsie",

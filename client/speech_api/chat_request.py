@@ -335,11 +335,9 @@ def _messages(body: dict, transcripts: AudioTranscripts | None) -> tuple[list[di
         raise invalid_request("messages", "messages: is required", code="missing_required_parameter")
     if not isinstance(value, list) or not value:
         raise invalid_request("messages", "messages: must be a non-empty list of {role, content}")
+    # a system (or developer) message may come anywhere, several times: the checkpoint's chat
+    # template renders it where it stands (or refuses it: a 400 naming messages)
     messages = [_message(m, i, transcripts) for i, m in enumerate(value)]
-    for i, m in enumerate(messages[1:], 1):
-        if m["role"] == "system":
-            raise invalid_request(f"messages[{i}].role", f"messages[{i}].role: a system (or developer) message "
-                                                         "may only come first")
     last = messages[-1]
     if last["role"] != "user":
         at = f"messages[{len(messages) - 1}].role"

@@ -279,7 +279,6 @@ def test_the_talker_in_the_entry_is_freed_by_a_client_that_leaves(omni_talker_in
     ("Hi", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ("Hi", {"messages": "not a list"}, "messages"),
     ("Hi", {"messages": [{"role": "user", "content": [{"type": "image", "image": "x"}]}]}, "messages[0].content[0]"),
-    ("Hi", {"system": "a", "messages": [{"role": "system", "content": "b"}]}, "system"),
     ("Hi", {"temperature": 0, "do_sample": True}, "temperature"),
     ("Hi", {"max_tokens": 0}, "max_tokens"),
     ("Hi", {"talker_top_p": 2.0}, "talker_top_p"),

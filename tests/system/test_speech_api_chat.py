@@ -157,6 +157,26 @@ def test_history_and_an_earlier_audio_answer_reach_the_thinker(stack, client):
     assert alone.choices[0].message.content != text
 
 
+def test_system_messages_between_turns_reach_the_thinker_in_place(stack, client):
+    """System and developer messages anywhere (OpenAI's clients send several): each is rendered
+    where it stands; the answer equals Triton's for the same conversation, and differs from the
+    one without the late system message (it was a 400)."""
+    server, _ = stack
+    said = {"role": "assistant", "content": "Hello to you too."}
+    late = {"role": "system", "content": "From now on, answer in French."}
+    follow_up = {"role": "user", "content": "Say that again."}
+    text, _, _ = direct(server, follow_up["content"], {**GREEDY_PARAMS, "return_audio": False, "messages": [
+        {"role": "system", "content": "You are terse."}, {"role": "system", "content": "Be kind."}, USER[0], said, late]})
+    answer = client.chat.completions.create(model=MODEL, **GREEDY, messages=[
+        {"role": "system", "content": "You are terse."}, {"role": "developer", "content": "Be kind."}, *USER, said,
+        late, follow_up])
+    assert answer.choices[0].message.content == text
+    without = client.chat.completions.create(model=MODEL, **GREEDY, messages=[
+        {"role": "system", "content": "You are terse."}, {"role": "developer", "content": "Be kind."}, *USER, said,
+        follow_up])
+    assert without.choices[0].message.content != text
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"modalities": ["text", "audio"], "audio": {"voice": "nobody", "format": "wav"}}, "audio.voice"),
     ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "ogg"}}, "audio.format"),
@@ -164,7 +184,6 @@ def test_history_and_an_earlier_audio_answer_reach_the_thinker(stack, client):
     ({"n": 2}, "n"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"extra_body": {"talker_top_k": 5}}, "talker_top_k"),   # text only: the pipeline refuses audio settings
-    ({"messages": [*USER, {"role": "system", "content": "late"}, *USER]}, "messages[1].role"),
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
      "messages[0].content[0].input_audio.data"),
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "bm90IGF1ZGlv"}}]}]},

@@ -162,7 +162,6 @@ def test_temperature_zero_is_greedy_and_stock_voices_mean_the_default():
     ({"model": ""}, "model"), ({"messages": []}, "messages"), ({"messages": None}, "messages"),
     ({"messages": [{"role": "assistant", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
-    ({"messages": [USER, {"role": "system", "content": "x"}, USER]}, "messages[1].role"),
     ({"messages": [{"role": "user", "content": "  "}]}, "messages[0].content"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages[0].content[0].input_audio"),
@@ -260,3 +259,15 @@ def test_stop_sequences_go_to_a_model_that_takes_them_and_are_refused_by_one_tha
         assert error_of(params, **bad).param == param
     refused = error_of(build, stop="END")   # a model without stop sequences
     assert refused.param == "stop" and refused.code == "unsupported_parameter"
+
+
+def test_system_messages_anywhere_go_to_the_model_in_place():
+    """OpenAI takes system (and developer) messages anywhere, several times; the first, when it
+    leads, is the `system` parameter, every other stays where it stands in `messages` (the
+    checkpoint's chat template renders them, as the reference's)."""
+    _, triton = build(messages=[{"role": "system", "content": "A"}, {"role": "developer", "content": "B"}, USER,
+                                {"role": "assistant", "content": "Hello."}, {"role": "system", "content": "C"},
+                                {"role": "user", "content": "Q"}])
+    assert triton.text == "Q" and triton.params["system"] == "A"
+    assert [(m["role"], m["content"]) for m in triton.params["messages"]] == [
+        ("system", "B"), ("user", "Hi there."), ("assistant", "Hello."), ("system", "C")]

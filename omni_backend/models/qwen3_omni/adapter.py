@@ -1,13 +1,13 @@
 """Request fields of Qwen3-Omni (thinker -> talker -> code2wav): a chat turn in, text and speech out.
 
 TEXT is the user's new message. PARAMS ``messages`` (optional) is the conversation before it,
-OpenAI-style ``{"role": "system" | "user" | "assistant", "content": str or a list of parts}`` (a
-system message only first); a part is ``{"type": "text", "text": ...}`` or, in user messages,
+OpenAI-style ``{"role": "system" | "user" | "assistant", "content": str or a list of parts}`` (system
+messages anywhere, rendered where they stand by the checkpoint's chat template); a part is ``{"type": "text", "text": ...}`` or, in user messages,
 ``{"type": "input_audio", "input_audio": {"data": <base64>, "format": "wav" | "mp3" | ...}}`` or
 ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``.
 PARAMS ``content`` (optional) holds parts of the new message that come before TEXT (a recording,
 then the question about it); with ``content``, TEXT may be empty (a spoken question alone).
-``system`` is a system prompt (not together with a system message). The thinker answers; ``return_audio: false`` skips the talker and code2wav (a
+``system`` is a system prompt, put before ``messages``. The thinker answers; ``return_audio: false`` skips the talker and code2wav (a
 text-only stream). Sampling: the thinker's (``max_tokens``, ``do_sample``, ``temperature`` (0 =
 greedy), ``top_k``, ``top_p``, ``repetition_penalty``, ``seed``) and the talker's (``talker_*``;
 the code predictor follows the talker's ``do_sample`` as in the reference).
@@ -151,9 +151,6 @@ class Qwen3OmniAdapter(TTSAdapter):
         if history is not None and not isinstance(history, list):
             raise InvalidRequest("messages", "must be a list of {role, content} (the conversation before TEXT)")
         messages = list(history or [])
-        if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system" \
-                and request.get("system") is not None:
-            raise InvalidRequest("system", "given twice: as the system parameter and as a system message")
         if content is None:
             messages.append({"role": "user", "content": request["text"]})
         else:

@@ -257,8 +257,6 @@ class PromptBuilder:
             role, content = message.get("role"), message.get("content")
             if role not in ROLES:
                 raise PromptError(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
-            if role == "system" and (out or index):
-                raise PromptError(f"{where}.role", "a system message may only come first")
             content = self._content(content, f"{where}.content", media=role == "user")
             if not isinstance(content, str):
                 recordings += sum(part["type"] == "audio" for part in content)
