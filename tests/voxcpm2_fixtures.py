@@ -52,6 +52,11 @@ VOXCPM2_JOBS = [
     # the reference's other two cloning modes: the recording's voice alone, and both
     {"id": "reference_en", "text": "Only the voice of the recording.", "reference": True, "seed": 4, "min_len": 3,
      "inference_timesteps": 4},
+    # voice design, and a reference clone with a style: a description (`instructions`) before the text
+    {"id": "design_en", "text": "A designed voice speaks.", "control": "A young woman, gentle and sweet voice",
+     "seed": 8, "min_len": 4, "inference_timesteps": 4},
+    {"id": "reference_styled_en", "text": "The voice, but cheerful.", "control": "cheerful, a little faster",
+     "reference": True, "seed": 9, "min_len": 3, "inference_timesteps": 3},
     {"id": "ultimate_zh", "text": "我们今天说中国话。", "prompt_text": "你好世界。", "recording": True, "reference": True,
      "seed": 6, "min_len": 4, "inference_timesteps": 3},
 ]

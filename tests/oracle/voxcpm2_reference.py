@@ -33,6 +33,7 @@ def main() -> int:
     ap.add_argument("--decode", help="an npz of latents [D, T] to decode with the reference's AudioVAE")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    from voxcpm.cli import build_final_text
     from voxcpm.model.voxcpm2 import VoxCPM2Model
 
     model = VoxCPM2Model.from_local(args.checkpoint, optimize=False, device="cpu")
@@ -44,7 +45,9 @@ def main() -> int:
     for job in jobs:
         # the package's public VoxCPM.generate (core.py) does this to the target text before the
         # model's generate_with_prompt_cache, which is called here for its latents
-        job = {**job, "text": re.sub(r"\s+", " ", job["text"].replace("\n", " "))}
+        # a voice description goes before the text as the package's CLI (`--control`) puts it
+        text = build_final_text(job["text"], job.get("control")) if job.get("control") else job["text"]
+        job = {**job, "text": re.sub(r"\s+", " ", text.replace("\n", " "))}
         kw = {k: job[k] for k in ("min_len", "max_len", "inference_timesteps", "cfg_value") if k in job}
         cache = None
         if job.get("prompt_wav") or job.get("reference_wav"):

@@ -4,7 +4,8 @@ real tritonserver.
 One server hosts two builds: ``voxcpm2_tiny_random`` (the built-in random checkpoint, the writer's
 ``tiny`` shape) and ``voxcpm2`` on the ``tiny2`` checkpoint, both on CPU; a second server hosts
 ``voxcpm2`` on the ``tiny3`` checkpoint (one pipeline name holds one checkpoint per server). With
-the same seed the served audio of each job (English, Chinese, long, mixed, cloning in the
+the same seed the served audio of each job (English, Chinese, long, mixed, voice design from a
+description, cloning in the
 reference's three modes: two by continuation from ``ref_audio`` + ``ref_text``, one from
 ``ref_audio`` alone as a reference, one in both modes) equals the reference's (voxcpm 2.0.3's non-streaming ``generate``)
 within 1e-4 on all three shapes; 8 concurrent requests equal their solo runs (on ``tiny`` and
@@ -88,6 +89,8 @@ def _params(job: dict) -> dict:
         params["ref_text"] = job["prompt_text"]
     if job.get("prompt_wav") and job.get("reference_wav"):
         params["clone_mode"] = "ref_continuation"
+    if job.get("control"):
+        params["instructions"] = job["control"]
     return params
 
 
@@ -266,3 +269,29 @@ def direct_size(server, max_len: int) -> int:
     """Samples of a request sent to Triton itself with ``ignore_eos`` and ``max_len``."""
     return synthesize(server.grpc_url, BUILTIN, "Hello there, this is a benchmark request.",
                       {"ignore_eos": True, "max_len": max_len, "seed": 7}).audio.size
+
+
+def test_instructions_design_the_voice_through_the_speech_api(voxcpm2_shim, voxcpm2_server, voxcpm2_recording):
+    """OpenAI's `instructions` reach VoxCPM2 as its voice design (the served audio equals Triton's
+    with PARAMS `instructions`, which the parity jobs check against the reference's
+    `(description)text`), nothing is reported ignored; with a transcript (continuation) it is a
+    400 naming `instructions`, as the package's CLI refuses it."""
+    import httpx
+
+    from tests.system.speech_api_helpers import decode
+
+    body = {"model": BUILTIN, "input": "A designed voice speaks.", "response_format": "pcm", "seed": 8,
+            "instructions": "A young woman, gentle and sweet voice"}
+    r = httpx.post(f"{voxcpm2_shim.url}/v1/audio/speech", json=body, timeout=120)
+    assert r.status_code == 200, r.text[:300]
+    assert "x-omni-ignored-fields" not in r.headers
+    plain = httpx.post(f"{voxcpm2_shim.url}/v1/audio/speech", json={**body, "instructions": None}, timeout=120)
+    direct = synthesize(voxcpm2_server.grpc_url, BUILTIN, body["input"], {"seed": 8, "instructions": body["instructions"]})
+    served, rate = decode(r.content, "pcm")
+    assert rate == 24000 and r.content != plain.content
+    # pcm is 24 kHz: the 48 kHz audio halved (the speech API's resampler), so compare lengths
+    assert abs(served.size * 2 - direct.audio.size) <= 2 and direct.audio.size > 0
+    wav = "data:audio/wav;base64," + base64.b64encode(voxcpm2_recording.read_bytes()).decode()
+    r = httpx.post(f"{voxcpm2_shim.url}/v1/audio/speech", timeout=60, json={
+        **body, "ref_audio": wav, "ref_text": "the reference speaks."})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "instructions", r.text

@@ -12,7 +12,7 @@ import torch
 from omni_backend.models.voxcpm2.audio_vae import decoder_left_context
 from omni_backend.models.voxcpm2.generate import decode_whole, generate_latents, patches_to_latents
 from omni_backend.models.voxcpm2.model import load_model
-from omni_backend.models.voxcpm2.prompt import build_prompt, encode_recording
+from omni_backend.models.voxcpm2.prompt import build_prompt, controlled_text, encode_recording
 from omni_backend.models.voxcpm2.tokenizer import TextTokenizer
 from tests.voxcpm2_fixtures import LATENT_ATOL, VOXCPM2_SHAPES, VOXCPM2_THREADS, WAVEFORM_ATOL
 
@@ -46,7 +46,8 @@ def test_generate_equals_reference(shape, voxcpm2_reference, voxcpm2_jobs):
             audio, _ = sf.read(job["reference_wav"], dtype="float32")
             ref_feat = encode_recording(vae, torch.from_numpy(audio), model.patch_size, "right")
             np.testing.assert_allclose(ref_feat.numpy(), want["ref_patches"], atol=LATENT_ATOL, rtol=0)
-        prompt = build_prompt(tokenize, job["text"], model.patch_size, model.feat_dim, job.get("prompt_text", ""),
+        text = controlled_text(job["text"], job.get("control"))
+        prompt = build_prompt(tokenize, text, model.patch_size, model.feat_dim, job.get("prompt_text", ""),
                               prompt_feat, ref_feat)
         if ref_feat is not None:
             assert prompt.text_token[0] == 103 and len(prompt) > len(want["text_token"]) + ref_feat.shape[0]

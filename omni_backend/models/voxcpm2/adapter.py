@@ -4,7 +4,9 @@ voice cloning from a recording ``ref_audio`` in the reference's three modes (``c
 ``continuation`` (the default with its transcript ``ref_text``: the transcript before the text, the
 recording's latents after it, so the speech goes on from it), ``reference`` (the default without a
 transcript: the recording between the reference-audio tokens before the text, its voice without
-its words) and ``ref_continuation`` (both, the reference's "ultimate cloning")."""
+its words) and ``ref_continuation`` (both, the reference's "ultimate cloning"). ``instructions``
+describes the voice (the reference's voice design, or a style for a reference clone): the model
+reads ``(description)text``, as the package's CLI builds it."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -40,6 +42,9 @@ class VoxCPM2Adapter(TTSAdapter):
         Param("ref_audio", str, max_len=REF_AUDIO_MAX_CHARS,
               help="voice to clone: data URL or base64 of wav/flac/mp3 (1-30 s, <= 10 MiB)"),
         Param("ref_text", str, max_len=4096, help="the transcript of ref_audio (for the continuation modes)"),
+        Param("instructions", str, max_len=4096,
+              help="voice design: a description of the voice (gender, age, tone, emotion, pace), read as "
+                   "\"(description)text\"; also steers a reference clone; not with ref_text"),
         Param("clone_mode", str, choices=CLONE_MODES,
               help="how ref_audio is used: continuation (default with ref_text), reference (its voice only; "
                    "default without ref_text) or ref_continuation (both)"),
@@ -76,6 +81,10 @@ class VoxCPM2Adapter(TTSAdapter):
                 raise InvalidRequest("ref_text", "not used by clone_mode reference (the recording's voice only)")
             if mode != "reference" and not has_text:
                 raise InvalidRequest("ref_text", f"required with clone_mode {mode} (the transcript of ref_audio)")
+            if mode != "reference" and (params.get("instructions") or "").strip():
+                # as the package's CLI: the speech continues the recording's, a description would break in
+                raise InvalidRequest("instructions", f"not with clone_mode {mode} (ref_text): a description "
+                                                     "steers a designed voice or a reference clone")
             from omni_backend.reference_audio import decode_reference_audio
 
             decode_reference_audio(params["ref_audio"], "ref_audio")   # readable, within limits

@@ -24,7 +24,7 @@ from omni_backend.triton.decoupled import StreamContext
 from omni_backend.triton.stage import StageModel
 
 from .builtin import resolve_checkpoint
-from .prompt import build_prompt, max_patches
+from .prompt import build_prompt, controlled_text, max_patches
 from .adapter import DEFAULTS, clone_mode
 from .runner import VoxCPM2Params
 
@@ -77,8 +77,9 @@ class VoxCPM2LMStage(StageModel):
             ref_feat = await self.wait(ctx, self.run_blocking(self._recording, request["ref_audio"], "right"))
         if mode in ("continuation", "ref_continuation"):
             prompt_feat = await self.wait(ctx, self.run_blocking(self._recording, request["ref_audio"], "left"))
-        prompt = build_prompt(self.tokenize, request["text"], m.patch_size, m.feat_dim,
-                              request.get("ref_text") or "", prompt_feat, ref_feat)
+        text = controlled_text(request["text"], request.get("instructions"))
+        prompt = build_prompt(self.tokenize, text, m.patch_size, m.feat_dim, request.get("ref_text") or "",
+                              prompt_feat, ref_feat)
         given = {k: request[k] for k in DEFAULTS if request.get(k) is not None}
         r = {**DEFAULTS, **given}
         limit = max_patches(prompt, int(r["max_len"]))

@@ -44,6 +44,14 @@ def normalize_whitespace(text: str) -> str:
     return re.sub(r"\s+", " ", text.replace("\n", " "))
 
 
+def controlled_text(text: str, instructions: str | None) -> str:
+    """The text the model reads for a voice description (VoxCPM2's voice design, and a reference
+    clone's style): the description in parentheses before the text, as the package's CLI builds it
+    (``--control``); a blank description adds nothing."""
+    control = (instructions or "").strip()
+    return f"({control}){text}" if control else text
+
+
 def build_prompt(tokenize, text: str, patch_size: int, feat_dim: int, prompt_text: str = "",
                  prompt_feat: torch.Tensor | None = None, ref_feat: torch.Tensor | None = None,
                  streaming_prefix_len: int = 4) -> Prompt:
