@@ -2,20 +2,37 @@
 the rules every family that takes one shares: bytes, base64 or a data URL of wav / flac / mp3 / ogg
 (through libsndfile), mixed to mono, within :class:`ReferenceAudioLimits`; a violation raises
 :class:`InvalidRequest` naming the field. :func:`resample` brings it to the rate a model reads.
+:func:`recording_named_if_too_long` names the recording when a clone's prompt does not fit.
 """
 from __future__ import annotations
 
 import base64
 import binascii
 import io
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
 from math import gcd
 
 import numpy as np
 
 from omni_backend.errors import InvalidRequest
 
-__all__ = ["ReferenceAudioLimits", "decode_reference_audio", "resample"]
+__all__ = ["ReferenceAudioLimits", "decode_reference_audio", "recording_named_if_too_long", "resample"]
+
+
+@contextmanager
+def recording_named_if_too_long(request: Mapping[str, Any], field: str = "ref_audio") -> Iterator[None]:
+    """Around a stage's ``add_request``: a clone's prompt that leaves the engine no room is a 400
+    naming the recording (most of such a prompt is the recording's frames), not ``input``."""
+    from omni_backend.engine.sequence import PromptTooLongError   # here: reading a recording needs no torch
+
+    try:
+        yield
+    except PromptTooLongError as e:
+        if request.get(field) is None:
+            raise
+        raise InvalidRequest(field, f"{e.reason} with this recording; send a shorter one") from None
 
 
 @dataclass(frozen=True)

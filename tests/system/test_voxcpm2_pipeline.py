@@ -151,6 +151,10 @@ def test_a_recording_is_encoded_once(voxcpm2_server, voxcpm2_jobs):
     ({"ref_audio": "RECORDING", "clone_mode": "ref_continuation", "ref_text": "  "}, "ref_text"),
     ({"ref_audio": "RECORDING", "clone_mode": "reference", "ref_text": "words"}, "ref_text"),
     ({"voice": "heart"}, "voice"),
+    ({"ref_audio": "RECORDING", "ref_text": "the reference speaks.", "instructions": "calm"}, "instructions"),
+    # the recording twice over (2,400 positions) does not fit the built-in deploy's 2,048: the
+    # recording is named, not the text
+    ({"ref_audio": "RECORDING", "clone_mode": "ref_continuation", "ref_text": "the reference speaks."}, "ref_audio"),
 ])
 def test_bad_params_are_invalid_request(voxcpm2_server, voxcpm2_recording, params, field):
     if params.get("ref_audio") == "RECORDING":

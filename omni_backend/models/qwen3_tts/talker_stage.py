@@ -33,6 +33,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_backend.engine import AsyncEngine, SamplingParams
 from omni_backend.errors import InvalidRequest, PipelineError
+from omni_backend.reference_audio import recording_named_if_too_long
 from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
 from omni_backend.models.qwen3_tts.runner import create_engine
 from omni_backend.models.qwen3_tts.family import CODE2WAV_PLACEMENT_OPTION, COMPILE_OPTION, TEXT_WAIT_OPTION
@@ -183,8 +184,9 @@ class Qwen3TalkerStage(StageModel):
             alone = ((lambda event: self.engine.num_requests <= (0 if event.finished else 1))
                      if self.decodes_first_window_alone else None)
             cutter = self.windows.cutter(request, context, alone)
-        stream = self.engine.add_request(rid, prompt, self.sampling_params(request), input_open=feed is not None,
-                                         after_event=cutter)
+        with recording_named_if_too_long(request):
+            stream = self.engine.add_request(rid, prompt, self.sampling_params(request), input_open=feed is not None,
+                                             after_event=cutter)
         if feed is not None:
             feed.attach(self.engine, rid, len(feed.streamed.ids))
         ctx.resources.append(stream)

@@ -20,6 +20,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from omni_backend.engine import AsyncEngine, SamplingParams
+from omni_backend.reference_audio import recording_named_if_too_long
 from omni_backend.triton.decoupled import StreamContext
 from omni_backend.triton.stage import StageModel
 
@@ -89,7 +90,8 @@ class VoxCPM2LMStage(StageModel):
                               min_len=min_len)
         params = SamplingParams(max_new_tokens=limit, min_new_tokens=0,
                                 seed=int(r["seed"]), extra=extra)
-        stream = self.engine.add_request(ctx.stage_request_id, prompt, params)
+        with recording_named_if_too_long(request):
+            stream = self.engine.add_request(ctx.stage_request_id, prompt, params)
         ctx.resources.append(stream)
         context = [p.numpy() for p in prompt.context_patches]
         patch = np.asarray([m.patch_size], dtype=np.int32)
