@@ -1,4 +1,5 @@
-"""Image and audio URLs a chat message names, fetched only where the operator allowed it (no SSRF).
+"""Image and audio URLs a chat message (or a speech request's `ref_audio`) names, fetched only where
+the operator allowed it (no SSRF).
 
 By default the speech API fetches nothing: an `image_url` or `audio_url` must be a data URL, and
 an http(s) URL is a 400 saying so. With `--fetch-allow-host HOST` (repeatable; `*.example.com`
@@ -8,7 +9,8 @@ addresses are refused unless `--fetch-allow-private`), the answer must come with
 `--fetch-timeout` seconds in all, be an `image/*` (an `audio/*` for audio) of at most
 `--fetch-max-bytes`, after at most 3 redirects, each of which is checked again. Every refusal is a
 400 naming the part (`messages[0].content[1].image_url.url`). An `audio_url` part (vLLM's) is then
-sent on as the `input_audio` part the pipelines take.
+sent on as the `input_audio` part the pipelines take. A speech request's `ref_audio` (vLLM-Omni's
+takes a URL) follows the same rules (`fetch_ref_audio`), its refusals naming `ref_audio`.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from urllib.parse import urljoin, urlsplit
 
 from client.speech_api.errors import ApiError, invalid_request
 
-__all__ = ["FetchPolicy", "fetch_message_media"]
+__all__ = ["FetchPolicy", "fetch_message_media", "fetch_ref_audio"]
 
 MAX_REDIRECTS = 3
 
@@ -117,8 +119,6 @@ async def _fetch(url: str, policy: FetchPolicy, media: str = "image_url") -> tup
 
 
 async def _resolve_part(part: dict[str, Any], where: str, policy: FetchPolicy) -> None:
-    import httpx
-
     media = part["type"]
     spec = part[media]
     url = spec["url"].strip()
@@ -128,6 +128,22 @@ async def _resolve_part(part: dict[str, Any], where: str, policy: FetchPolicy) -
     example = "data:image/png;base64,..." if media == "image_url" else "data:audio/wav;base64,..."
     if urlsplit(url).scheme.lower() not in ("http", "https"):
         raise invalid_request(field, f"{field}: must be a data URL ({example}) or an http(s) URL")
+    spec["url"] = await _data_url(url, field, media, policy)
+
+
+async def fetch_ref_audio(body: Any, policy: FetchPolicy) -> None:
+    """A speech body's http(s) `ref_audio` -> a data URL of what it names, in place, where the
+    operator allowed its host (else a 400 naming `ref_audio`); any other value is left to the
+    body's own checks."""
+    value = body.get("ref_audio") if isinstance(body, dict) else None
+    if isinstance(value, str) and urlsplit(value.strip()).scheme.lower() in ("http", "https"):
+        body["ref_audio"] = await _data_url(value.strip(), "ref_audio", "audio_url", policy)
+
+
+async def _data_url(url: str, field: str, media: str, policy: FetchPolicy) -> str:
+    import httpx
+
+    example = "data:image/png;base64,..." if media == "image_url" else "data:audio/wav;base64,..."
     if not policy.enabled:
         raise invalid_request(field, f"{field}: this server fetches no URL (send it as a data URL, {example})")
     try:
@@ -140,7 +156,7 @@ async def _resolve_part(part: dict[str, Any], where: str, policy: FetchPolicy) -
         raise
     except Exception as error:   # connection refused, reset, TLS, a malformed answer
         raise invalid_request(field, f"{field}: could not be fetched ({type(error).__name__})") from None
-    spec["url"] = f"data:{kind};base64,{base64.b64encode(body).decode()}"
+    return f"data:{kind};base64,{base64.b64encode(body).decode()}"
 
 
 async def fetch_message_media(messages: list[tuple[int, Any]], policy: FetchPolicy) -> tuple[str, ...]:

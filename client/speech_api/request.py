@@ -148,17 +148,24 @@ def _speed(body: dict) -> float:
 
 
 def _ref_audio(value: str) -> str:
-    """A data URL (`data:audio/wav;base64,...`); URLs and file paths are never fetched."""
+    """A data URL (`data:audio/wav;base64,...`) or bare base64 (vLLM-Omni's clients send either; it
+    becomes a data URL). An http(s) URL was fetched before, where the operator allows it
+    (media_fetch.fetch_ref_audio); file paths are never read."""
     if len(value) > MAX_REF_AUDIO_CHARS:
         raise invalid_request("ref_audio", f"ref_audio: larger than {MAX_REF_AUDIO_CHARS} characters")
+    if not value.startswith("data:"):
+        if ":" in value[:12]:   # a scheme (file:, ftp:, ...): base64 has no colon
+            raise invalid_request("ref_audio", "ref_audio: must be a data URL like data:audio/wav;base64,..., "
+                                               "base64 audio, or an http(s) URL where this server fetches")
+        value = "data:application/octet-stream;base64," + "".join(value.split())
     head, sep, payload = value.partition(",")
-    if not (value.startswith("data:") and sep and head.endswith(";base64")):
+    if not (sep and head.endswith(";base64")):
         raise invalid_request("ref_audio", "ref_audio: must be a data URL like data:audio/wav;base64,...")
     try:
         if not base64.b64decode(payload, validate=True):
             raise ValueError("empty")
     except (binascii.Error, ValueError):
-        raise invalid_request("ref_audio", "ref_audio: the data URL's payload is empty or not valid base64") from None
+        raise invalid_request("ref_audio", "ref_audio: the payload is empty or not valid base64") from None
     return value
 
 

@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from client.speech_api.catalog import OPENAI_MODEL_ALIASES
 from client.speech_api.chat_completion import ChatCompletion
 from client.speech_api.chat_request import build_chat_params, parse_chat_body, refuse_chat_pipeline
-from client.speech_api.media_fetch import fetch_message_media
+from client.speech_api.media_fetch import fetch_message_media, fetch_ref_audio
 from client.speech_api.encoders import CONTENT_TYPES
 from client.speech_api.encoders.pcm import PCM_RATE
 from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
@@ -228,7 +228,9 @@ async def create_speech(request: Request):
     _authorize(request)
     shim = _shim(request)
     access = request.state.access
-    speech = parse_speech_body(await _json_body(request))
+    body = await _json_body(request)
+    await fetch_ref_audio(body, shim.config.fetch)   # an http(s) URL, where the operator allows its host
+    speech = parse_speech_body(body)
     if speech.model is None:
         speech.model = _default_model(shim)
     pipeline = await _resolve(request, speech.model)
@@ -266,7 +268,9 @@ async def create_speech_batch(request: Request):
 
     async def speak(i: int, body: dict) -> tuple[bytes, str]:
         try:
-            speech = parse_speech_body({**body, "model": pipeline})
+            body = {**body, "model": pipeline}
+            await fetch_ref_audio(body, shim.config.fetch)
+            speech = parse_speech_body(body)
             triton_request = build_triton_params(speech, info, shim.voices)
             synthesis = SpeechSynthesis(shim.pool, shim.limiter, triton_request, speech.response_format, "audio",
                                         f"{request.state.request_id}-{i}", {}, info.sample_rate)

@@ -51,6 +51,7 @@ from client.speech_api.encoders import make_encoder
 from client.speech_api.encoders.base import pcm16
 from client.speech_api.errors import ApiError, from_triton, internal, invalid_request, model_not_found, no_backend
 from client.speech_api.field_checks import clean_string
+from client.speech_api.media_fetch import fetch_ref_audio
 from client.speech_api.resample import Resampler
 from client.speech_api.pool import TritonEndpoint
 from client.speech_api.speed import TimeStretch
@@ -514,6 +515,7 @@ class SpeechStreamSession:
                 return True
             fields = merged_config(self.config_fields, msg)
             try:
+                await fetch_ref_audio(fields, self.shim.config.fetch)   # kept fetched for later configs
                 self.config = parse_session_config(fields, self._resolve, self.shim.catalog, self.shim.voices)
             except ApiError as e:
                 await self.send_error(e)          # the config before it stays

@@ -139,6 +139,70 @@ def test_a_preset_voice_beside_ref_audio_is_the_recordings_voice(voice_shim, rec
     assert plain.content == named.content == speaker.content and len(plain.content) > 0
 
 
+@pytest.fixture
+def recording_site(recordings):
+    """A local web server with one recording (audio/wav) and one page (text/html)."""
+    import http.server
+    import threading
+
+    wav = audio_bytes(recordings[1])
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body, kind = {"/voice.wav": (wav, "audio/wav"), "/page": (b"<html></html>", "text/html")}.get(
+                self.path, (b"", "text/plain"))
+            self.send_response(200 if body else 404)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_ref_audio_as_bare_base64_or_a_fetched_url(voice_shim, triton, recordings, recording_site, tmp_path):
+    """vLLM-Omni's `ref_audio` may be bare base64 or a URL: base64 clones as the data URL does; an
+    http(s) URL is fetched only by a server whose operator allowed its host (else a 400 naming
+    `ref_audio`), and clones the same; a page that is no audio, or a file path, is a 400."""
+    url = voice_shim["server"].url
+    encoded = base64.b64encode(audio_bytes(recordings[1])).decode()
+    clone = {"model": MODEL, "input": "Cloned from anywhere.", "response_format": "pcm", "ref_text": TEXTS[1],
+             **GREEDY}
+    inline = httpx.post(f"{url}/v1/audio/speech", json={**clone, "ref_audio": "data:audio/wav;base64," + encoded},
+                        timeout=120)
+    bare = httpx.post(f"{url}/v1/audio/speech", json={**clone, "ref_audio": encoded}, timeout=120)
+    assert inline.status_code == bare.status_code == 200, bare.text[:300]
+    assert bare.content == inline.content and len(inline.content) > 0
+    remote = {**clone, "ref_audio": f"{recording_site}/voice.wav"}
+    refused = httpx.post(f"{url}/v1/audio/speech", json=remote, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "ref_audio"
+    assert "fetches no URL" in refused.json()["error"]["message"]
+    for bad in ("file:///etc/passwd", "ftp://example.com/voice.wav"):
+        r = httpx.post(f"{url}/v1/audio/speech", json={**clone, "ref_audio": bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "ref_audio", r.text
+    fetching = ShimProcess([triton.grpc_url], log_path=tmp_path / "shim.log",
+                           extra_args=["--fetch-allow-host", "127.0.0.1", "--fetch-allow-private"])
+    fetching.start()
+    try:
+        fetched = httpx.post(f"{fetching.url}/v1/audio/speech", json=remote, timeout=120)
+        assert fetched.status_code == 200, fetched.text[:300]
+        assert fetched.content == inline.content
+        page = httpx.post(f"{fetching.url}/v1/audio/speech", json={**clone, "ref_audio": f"{recording_site}/page"},
+                          timeout=60)
+        assert page.status_code == 400 and page.json()["error"]["param"] == "ref_audio"
+        assert "is not audio" in page.json()["error"]["message"]
+    finally:
+        fetching.stop()
+
+
 def test_vllm_omni_upload_form_and_listing(voice_shim, recordings):
     """vLLM-Omni's upload form (`audio_sample`, a consent record id, `speaker_description`), its
     answer (`success`, `voice`) and listing (`uploaded_voices`); the voice then speaks by name."""

@@ -41,6 +41,8 @@ def test_defaults_and_openai_fields():
     ({**BASE, "response_format": "MP3"}, "response_format"), ({**BASE, "stream_format": "ws"}, "stream_format"),
     ({**BASE, "seed": "1"}, "seed"), ({**BASE, "max_new_tokens": 0}, "max_new_tokens"),
     ({**BASE, "ref_audio": "data:audio/wav;base64,@@@"}, "ref_audio"), ({**BASE, "ref_audio": "/etc/passwd"}, "ref_audio"),
+    ({**BASE, "ref_audio": "file:///etc/passwd"}, "ref_audio"), ({**BASE, "ref_audio": "  "}, "ref_audio"),
+    ({**BASE, "ref_audio": "data:audio/wav,AAAA"}, "ref_audio"),
     # Strings that could not even be encoded for Triton, or that the entry model refuses:
     ({**BASE, "input": "\ud800 hi"}, "input"), ({**BASE, "input": "hi\x00"}, "input"),
     ({**BASE, "model": "tts-1\udfff"}, "model"), ({**BASE, "voice": "alloy\ud800"}, "voice"),
@@ -219,3 +221,18 @@ def test_vllm_omni_request_shapes():
     patches = describe_pipeline("voxcpm2", '{"params": [{"name": "max_len", "type": "int", "lo": 1}], '
                                            '"clones_voices": true}')
     assert build_triton_params(parse_speech_body({**BASE, "max_new_tokens": 40}), patches).params == {"max_len": 40}
+
+
+def test_ref_audio_as_bare_base64_becomes_a_data_url():
+    """vLLM-Omni's clients may send `ref_audio` as bare base64 (line breaks of a wrapped encoder
+    included): it goes on as a data URL of the same bytes."""
+    import base64 as b64
+
+    payload = b64.b64encode(b"RIFF" + bytes(range(200))).decode()
+    wrapped = "\n".join(payload[i:i + 76] for i in range(0, len(payload), 76))
+    for value in (payload, wrapped):
+        got = parse_speech_body({**BASE, "ref_audio": value}).extensions["ref_audio"]
+        head, _, data = got.partition(",")
+        assert head == "data:application/octet-stream;base64" and data == payload
+    url = "data:audio/wav;base64," + payload
+    assert parse_speech_body({**BASE, "ref_audio": url}).extensions["ref_audio"] == url
