@@ -55,10 +55,14 @@ class AsyncChunk:
 
     def chunk_schedule(self, initial_chunk_frames: int | None = None, chunk_frames: int | None = None,
                        left_context_frames: int | None = None) -> CodecChunkSchedule:
-        """This schedule, with a request's own values where it gives them."""
+        """This schedule, with a request's own values where it gives them; a request's
+        ``initial_chunk_frames`` 0 (vLLM-Omni's "no initial phase") makes the first chunk a regular one."""
+        chunk = self.chunk_frames if chunk_frames is None else chunk_frames
+        if initial_chunk_frames == 0:
+            initial_chunk_frames = chunk
         return CodecChunkSchedule(
             self.initial_chunk_frames if initial_chunk_frames is None else initial_chunk_frames,
-            self.chunk_frames if chunk_frames is None else chunk_frames,
+            chunk,
             self.left_context_frames if left_context_frames is None else left_context_frames,
             self.continuity_rtf)
 

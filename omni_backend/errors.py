@@ -40,6 +40,11 @@ class InvalidRequest(PipelineError):
         super().__init__(f"{field}: {message}")
 
 
+class PromptTooLongError(InvalidRequest, ValueError):
+    """A prompt that leaves an engine no cache position for a frame (``field`` is ``input``); a
+    stage may name its own field instead (the conversation, a recording)."""
+
+
 class Unavailable(PipelineError):
     """The pipeline cannot take the request now; `busy` means "at its stream limit" (429)."""
 

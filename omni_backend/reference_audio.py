@@ -16,7 +16,7 @@ from math import gcd
 
 import numpy as np
 
-from omni_backend.errors import InvalidRequest
+from omni_backend.errors import InvalidRequest, PromptTooLongError
 
 __all__ = ["ReferenceAudioLimits", "decode_reference_audio", "recording_named_if_too_long", "resample"]
 
@@ -25,8 +25,6 @@ __all__ = ["ReferenceAudioLimits", "decode_reference_audio", "recording_named_if
 def recording_named_if_too_long(request: Mapping[str, Any], field: str = "ref_audio") -> Iterator[None]:
     """Around a stage's ``add_request``: a clone's prompt that leaves the engine no room is a 400
     naming the recording (most of such a prompt is the recording's frames), not ``input``."""
-    from omni_backend.engine.sequence import PromptTooLongError   # here: reading a recording needs no torch
-
     try:
         yield
     except PromptTooLongError as e:

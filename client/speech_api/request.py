@@ -205,7 +205,7 @@ def parse_speech_body(body: Any) -> SpeechRequest:
         if value is not None:
             ext[name] = value
     for name, lo, hi in (("seed", 0, 2**63 - 1), ("max_new_tokens", 1, None),
-                         ("initial_codec_chunk_frames", 1, None)):
+                         ("initial_codec_chunk_frames", 0, None)):
         value = _integer(body, name, lo, hi)
         if value is not None:
             ext[name] = value

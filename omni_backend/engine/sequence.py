@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import torch
 
-from omni_backend.errors import InvalidRequest
+from omni_backend.errors import InvalidRequest, PromptTooLongError
 
 __all__ = ["SamplingParams", "SamplingParamsError", "PromptTooLongError", "SequenceStatus", "Sequence", "FrameEvent",
            "check_warp"]
@@ -16,10 +16,6 @@ __all__ = ["SamplingParams", "SamplingParamsError", "PromptTooLongError", "Seque
 
 class SamplingParamsError(InvalidRequest, ValueError):
     """A sampling parameter out of range; ``field`` names it."""
-
-
-class PromptTooLongError(InvalidRequest, ValueError):
-    """A prompt that leaves no cache position for a frame (``field`` is ``input``)."""
 
 
 def check_warp(prefix: str, do_sample: bool, temperature: float, top_k: int, top_p: float) -> None:

@@ -152,3 +152,20 @@ def test_a_served_model_name_answers_as_its_pipeline(named_shim, voices):
     assert listed[HUB_ID] == MODEL and "Qwen/Not-Served" not in listed
     missing = httpx.post(f"{named_shim.url}/v1/audio/speech", json={"model": "Qwen/Not-Served", **body})
     assert missing.status_code == 404
+
+
+def test_initial_codec_chunk_frames_zero_starts_with_a_regular_chunk(shim, triton, voices):
+    """vLLM-Omni's `initial_codec_chunk_frames: 0` (no initial phase): the first chunk Triton
+    streams holds the deploy's `chunk_frames` (25) frames, not its `initial_chunk_frames` (2); the
+    speech API takes 0 (it was a 400) and the audio is as long as with the small first chunk."""
+    from client.triton_stream import synthesize
+
+    params = {"max_new_tokens": 60, "seed": 3}
+    regular = synthesize(triton.grpc_url, MODEL, BENCH_BODY["input"], {**params, "initial_chunk_frames": 0})
+    small = synthesize(triton.grpc_url, MODEL, BENCH_BODY["input"], params)
+    assert small.chunks[0].size == 2 * SAMPLES_PER_FRAME and regular.chunks[0].size == 25 * SAMPLES_PER_FRAME
+    assert regular.audio.size == small.audio.size > 25 * SAMPLES_PER_FRAME
+    body = {**BENCH_BODY, "ignore_eos": False, **params, "initial_codec_chunk_frames": 0}
+    r = httpx.post(f"{shim.url}/v1/audio/speech", json=body, timeout=120)
+    assert r.status_code == 200, r.text[:300]
+    assert len(r.content) == regular.audio.size * 2

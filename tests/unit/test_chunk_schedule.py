@@ -67,6 +67,9 @@ def test_the_deploy_sets_the_schedule_and_requests_keep_it():
     a = parse_deploy({"pipeline": "p"}).async_chunk
     assert a.chunk_schedule() == CodecChunkSchedule(2, 25, 72, 0.75)
     assert a.chunk_schedule(3, 10, None) == CodecChunkSchedule(3, 10, 72, 0.75)
+    # vLLM-Omni's initial_codec_chunk_frames 0: no small first chunk, the first is a regular one
+    assert a.chunk_schedule(0, None, None) == CodecChunkSchedule(25, 25, 72, 0.75)
+    assert a.chunk_schedule(0, 10, None) == CodecChunkSchedule(10, 10, 72, 0.75)
     off = parse_deploy({"pipeline": "p", "async_chunk": {"continuity_rtf": 0}}).async_chunk
     assert off.chunk_schedule() == FIXED
     for bad in (1.2, -0.1, True, "0.5"):

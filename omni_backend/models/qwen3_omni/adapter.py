@@ -66,7 +66,7 @@ class Qwen3OmniAdapter(TTSAdapter):
         Param("talker_top_p", float, lo=1e-3, hi=1.0),
         Param("talker_repetition_penalty", float, lo=1.0, hi=5.0),
         Param("talker_max_new_tokens", int, lo=1, hi=32768, help="codec frame limit + 1 (12.5 frames per second)"),
-        Param("initial_chunk_frames", int, lo=1, hi=300, help="frames in the first audio chunk"),
+        Param("initial_chunk_frames", int, lo=0, hi=300, help="frames in the first audio chunk (0: a regular chunk)"),
         Param("chunk_frames", int, lo=1, hi=300, help="frames per later chunk"),
     )
 

@@ -66,7 +66,7 @@ class Qwen3TTSAdapter(TTSAdapter):
         Param("subtalker_temperature", float, lo=1e-3, hi=5.0),
         Param("subtalker_top_k", int, lo=0, hi=2048),
         Param("subtalker_top_p", float, lo=1e-3, hi=1.0),
-        Param("initial_chunk_frames", int, lo=1, hi=64, help="frames in the first audio chunk"),
+        Param("initial_chunk_frames", int, lo=0, hi=64, help="frames in the first audio chunk (0: a regular chunk)"),
         Param("chunk_frames", int, lo=1, hi=300, help="frames per later chunk"),
         Param("left_context_frames", int, lo=0, hi=300, help="codec context frames per window"),
         Param("ref_audio", str, max_len=REF_AUDIO_MAX_CHARS,
