@@ -240,13 +240,19 @@ class TritonRequest:
 def build_triton_params(req: SpeechRequest, info: PipelineInfo, registered: Any = None) -> TritonRequest:
     """Check the request against the resolved pipeline and produce Triton's PARAMS.
     ``registered``: an uploaded voice (``VoiceRegistry``) looked up by name; on a pipeline that
-    clones voices, a request naming one (and carrying no ``ref_audio`` of its own) clones it."""
+    clones voices, a request naming one (and carrying no ``ref_audio`` of its own) clones it: its
+    recording as ``ref_audio``, or its speaker embedding as ``speaker_embedding``."""
     params: dict[str, Any] = {}
     ignored: list[str] = []
     voice = (registered.get(req.voice) if registered is not None and info.clones_voices and req.voice
              else None)
     clones = "ref_audio" in req.extensions or "speaker_embedding" in req.extensions
-    if voice is not None and not clones:
+    if voice is not None and not clones and voice.is_embedding:
+        if not info.accepts("speaker_embedding"):
+            raise invalid_request("voice", f"voice: {voice.name!r} is a speaker embedding; model '{info.name}' "
+                                           "clones from recordings only (upload one under another name)")
+        req.extensions = {**req.extensions, "speaker_embedding": registered.embedding(voice)}
+    elif voice is not None and not clones:
         req.extensions = dict(req.extensions)
         req.extensions["ref_audio"] = registered.data_url(voice)
         if voice.ref_text and "ref_text" not in req.extensions and not req.extensions.get("x_vector_only_mode"):

@@ -131,13 +131,17 @@ async def list_voices(request: Request) -> JSONResponse:
     _authorize(request)
     shim = _shim(request)
     registered = shim.voices.list()
-    names = [v.name for v in registered]
     model = request.query_params.get("model") or shim.catalog.default_pipeline
     pipeline = await _resolve(request, model)
     info = shim.catalog.get(pipeline)
-    every = {name: (p.voices + names if p.clones_voices else p.voices)
-             for name, p in sorted(shim.catalog.pipelines().items())}
-    return JSONResponse({"model": pipeline, "voices": info.voices + names if info.clones_voices else info.voices,
+
+    def voices_of(p) -> list[str]:   # a speaker-embedding voice only where the model takes one
+        if not p.clones_voices:
+            return p.voices
+        return p.voices + [v.name for v in registered if not v.is_embedding or p.accepts("speaker_embedding")]
+
+    every = {name: voices_of(p) for name, p in sorted(shim.catalog.pipelines().items())}
+    return JSONResponse({"model": pipeline, "voices": voices_of(info),
                          "default": info.default_voice, "clones_voices": info.clones_voices, "models": every,
                          "registered": [v.public() for v in registered],
                          "uploaded_voices": [v.uploaded() for v in registered]})
@@ -156,7 +160,8 @@ async def _form_audio(form) -> bytes:
 
 @router.post("/v1/audio/voices")
 async def create_voice(request: Request) -> JSONResponse:
-    """Upload a voice (multipart: name, audio, ref_text, consent, speaker_description); see voices.py."""
+    """Upload a voice (multipart: name, audio, ref_text, consent, speaker_description; or a
+    speaker_embedding instead of audio); see voices.py."""
     _authorize(request)
     shim = _shim(request)
     if not request.headers.get("content-type", "").startswith(("multipart/form-data",
@@ -173,9 +178,20 @@ async def create_voice(request: Request) -> JSONResponse:
                 raise invalid_request(name, f"{name}: must be a text field")
             return value
 
-        audio = await _form_audio(form)
-        voice = await asyncio.to_thread(shim.voices.add, text("name"), audio, text("ref_text"), text("consent"),
-                                        text("speaker_description"))
+        embedding = text("speaker_embedding")   # vLLM-Omni's: a voice that is a speaker embedding
+        if embedding is not None:
+            if any(form.get(k) is not None for k in ("audio", "audio_sample", "file")):
+                raise invalid_request("speaker_embedding", "speaker_embedding: a voice is a recording or a speaker "
+                                                           "embedding; the two are mutually exclusive")
+            if text("ref_text") is not None:
+                raise invalid_request("ref_text", "ref_text: the transcript of a recording; this voice is a "
+                                                  "speaker embedding")
+            voice = await asyncio.to_thread(shim.voices.add_embedding, text("name"), embedding, text("consent"),
+                                            text("speaker_description"))
+        else:
+            audio = await _form_audio(form)
+            voice = await asyncio.to_thread(shim.voices.add, text("name"), audio, text("ref_text"), text("consent"),
+                                            text("speaker_description"))
     finally:
         await form.close()
     # ours, plus the shape vLLM-Omni's clients read

@@ -7,6 +7,11 @@ the registry survives restarts and never holds half a voice. A speech request wh
 registered name, on a pipeline that clones voices, sends the stored recording as `ref_audio` (and
 its transcript as `ref_text`; without a transcript the clone uses the speaker embedding only).
 The pipeline's stage that encodes recordings caches them by their hash, so a voice is encoded once.
+
+A voice may instead be a speaker embedding (vLLM-Omni's form field `speaker_embedding`: a JSON
+list of finite numbers, not with a recording), stored as ``embedding.json``: a request naming it
+sends it as `speaker_embedding` to a pipeline that takes one (Qwen3-TTS Base); a pipeline that
+clones from recordings only refuses it, naming `voice`.
 """
 from __future__ import annotations
 
@@ -18,15 +23,19 @@ import os
 import re
 import shutil
 import tempfile
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from client.speech_api.catalog import OPENAI_VOICES
 from client.speech_api.errors import invalid_request
 
 MAX_AUDIO_BYTES = 10 * 1024 * 1024
+MAX_EMBEDDING = 4096   # numbers in a speaker embedding (the speech request's limit)
+EMBEDDING = "embedding"   # the `format` of a voice that is a speaker embedding
 MIN_SECONDS, MAX_SECONDS = 1.0, 30.0
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 # `consent` states the speaker's agreement: a word that says so, or the id of a consent record
@@ -55,18 +64,27 @@ class RegisteredVoice:
     format: str
     audio_file: str
     speaker_description: str | None = None
+    embedding_dim: int | None = None   # a speaker embedding, not a recording
+
+    @property
+    def is_embedding(self) -> bool:
+        return self.format == EMBEDDING
 
     def public(self) -> dict:
         out = asdict(self)
         out.pop("audio_file")
-        if out["speaker_description"] is None:
-            out.pop("speaker_description")
+        for key in ("speaker_description", "embedding_dim"):
+            if out[key] is None:
+                out.pop(key)
         return {"id": self.name, "object": "voice", **out}
 
     def uploaded(self) -> dict:
         """The entry vLLM-Omni's API lists in `uploaded_voices` (its clients read these names)."""
+        mime = "application/json" if self.is_embedding else next(m for e, m in FORMATS.values() if e == self.format)
         out = {"name": self.name, "consent": self.consent, "created_at": self.created_at, "file_size": self.bytes,
-               "mime_type": next(m for e, m in FORMATS.values() if e == self.format)}
+               "mime_type": mime}
+        if self.is_embedding:
+            out.update(embedding_source="direct", embedding_dim=self.embedding_dim)
         out.update({k: v for k, v in (("ref_text", self.ref_text),
                                       ("speaker_description", self.speaker_description)) if v is not None})
         return out
@@ -80,6 +98,21 @@ def check_name(raw: str | None) -> str:
     if name in OPENAI_VOICES:
         raise invalid_request("name", f"name: {name!r} is one of OpenAI's stock voice names; choose another")
     return name
+
+
+def parse_embedding(raw: Any) -> list[float]:
+    """A speaker embedding from an upload's text field (JSON) or a list: 1..MAX_EMBEDDING finite
+    numbers; 400 naming `speaker_embedding` otherwise."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise invalid_request("speaker_embedding", "speaker_embedding: not valid JSON (a list of numbers)") from None
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_EMBEDDING:
+        raise invalid_request("speaker_embedding", f"speaker_embedding: must be a list of 1..{MAX_EMBEDDING} numbers")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in raw):
+        raise invalid_request("speaker_embedding", "speaker_embedding: every value must be a finite number")
+    return [float(x) for x in raw]
 
 
 def probe_audio(data: bytes) -> tuple[float, int, str]:
@@ -108,6 +141,24 @@ def probe_audio(data: bytes) -> tuple[float, int, str]:
     if seconds > MAX_SECONDS:
         raise invalid_request("audio", f"audio: {seconds:.2f} s; at most {MAX_SECONDS:g} s")
     return seconds, int(info.samplerate), info.format
+
+
+def _checked(name: str | None, consent: str | None, ref_text: str | None,
+             speaker_description: str | None) -> tuple[str, str, str | None, str | None]:
+    """An upload's text fields, checked (a 400 naming the field) and normalized."""
+    name = check_name(name)
+    if consent is None or not consent.strip() or consent.strip().lower() in REFUSALS or len(consent) > 256:
+        raise invalid_request("consent", "consent: required; confirm that the speaker agreed to have their "
+                                         "voice cloned (consent=true, or the id of their consent record)")
+    if speaker_description is not None and not speaker_description.strip():
+        speaker_description = None
+    if speaker_description is not None and len(speaker_description) > 1024:
+        raise invalid_request("speaker_description", "speaker_description: at most 1024 characters")
+    if ref_text is not None and not ref_text.strip():
+        ref_text = None
+    if ref_text is not None and len(ref_text) > 4096:
+        raise invalid_request("ref_text", "ref_text: at most 4096 characters")
+    return name, consent.strip(), ref_text, speaker_description
 
 
 class VoiceRegistry:
@@ -139,30 +190,39 @@ class VoiceRegistry:
 
     def add(self, name: str, audio: bytes, ref_text: str | None, consent: str | None,
             speaker_description: str | None = None) -> RegisteredVoice:
-        name = check_name(name)
-        if consent is None or not consent.strip() or consent.strip().lower() in REFUSALS or len(consent) > 256:
-            raise invalid_request("consent", "consent: required; confirm that the speaker agreed to have their "
-                                             "voice cloned (consent=true, or the id of their consent record)")
-        if speaker_description is not None and not speaker_description.strip():
-            speaker_description = None
-        if speaker_description is not None and len(speaker_description) > 1024:
-            raise invalid_request("speaker_description", "speaker_description: at most 1024 characters")
-        if ref_text is not None and not ref_text.strip():
-            ref_text = None
-        if ref_text is not None and len(ref_text) > 4096:
-            raise invalid_request("ref_text", "ref_text: at most 4096 characters")
+        name, consent, ref_text, speaker_description = _checked(name, consent, ref_text, speaker_description)
         seconds, rate, fmt = probe_audio(audio)
         ext = FORMATS[fmt][0]
-        voice = RegisteredVoice(name=name, ref_text=ref_text, consent=consent.strip(), created_at=int(time.time()),
+        voice = RegisteredVoice(name=name, ref_text=ref_text, consent=consent, created_at=int(time.time()),
                                 sha256=hashlib.sha256(audio).hexdigest(), bytes=len(audio),
                                 duration_s=round(seconds, 3), sample_rate=rate, format=ext, audio_file=f"audio.{ext}",
                                 speaker_description=speaker_description)
+        return self._store(voice, audio)
+
+    def add_embedding(self, name: str, embedding: Any, consent: str | None,
+                      speaker_description: str | None = None) -> RegisteredVoice:
+        """A voice that is a speaker embedding (module doc)."""
+        name, consent, _, speaker_description = _checked(name, consent, None, speaker_description)
+        values = parse_embedding(embedding)
+        data = json.dumps(values).encode()
+        voice = RegisteredVoice(name=name, ref_text=None, consent=consent, created_at=int(time.time()),
+                                sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), duration_s=0.0,
+                                sample_rate=0, format=EMBEDDING, audio_file="embedding.json",
+                                speaker_description=speaker_description, embedding_dim=len(values))
+        return self._store(voice, data)
+
+    def embedding(self, voice: RegisteredVoice) -> list[float]:
+        """The stored speaker embedding of an embedding voice."""
+        return json.loads((self.root / voice.name / voice.audio_file).read_text(encoding="utf-8"))
+
+    def _store(self, voice: RegisteredVoice, data: bytes) -> RegisteredVoice:
+        name = voice.name
         with self._lock:
             if name in self._voices:
                 raise invalid_request("name", f"name: a voice named {name!r} exists; delete it first",
                                       code="voice_exists")
             tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.root))
-            (tmp / voice.audio_file).write_bytes(audio)
+            (tmp / voice.audio_file).write_bytes(data)
             (tmp / "voice.json").write_text(json.dumps(asdict(voice), ensure_ascii=False, indent=1), encoding="utf-8")
             os.rename(tmp, self.root / name)
             self._voices[name] = voice

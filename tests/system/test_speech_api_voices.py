@@ -246,6 +246,44 @@ def test_a_speaker_embedding_clones_as_its_recording_does(voice_shim, recordings
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (param, r.text[:300])
 
 
+def test_a_voice_uploaded_as_a_speaker_embedding(voice_shim, recordings):
+    """vLLM-Omni's embedding upload (`speaker_embedding`, JSON, instead of a recording): listed
+    with its dimension for the models that take one, and a request naming it speaks as the same
+    embedding sent inline; VoxCPM2 (recordings only) refuses it naming `voice`; with a recording,
+    with NaN or as bad JSON it is a 400 naming the field."""
+    import json
+
+    from omni_backend.models.qwen3_tts.builtin import resolve_checkpoint
+    from omni_backend.models.qwen3_tts.config import load_config
+    from omni_backend.models.qwen3_tts.voice_clone import VoiceEncoder
+
+    path = resolve_checkpoint(f"builtin:{MODEL}")
+    encoder = VoiceEncoder.from_checkpoint(path, dict(load_config(path).speaker_encoder))
+    xvector = encoder.encode_audio(recordings[3], 24000, with_codes=False)[0].tolist()
+    url = voice_shim["server"].url
+    form = {"name": "embedded", "consent": "consent-record-1", "speaker_embedding": json.dumps(xvector)}
+    r = httpx.post(f"{url}/v1/audio/voices", data=form, timeout=60)
+    assert r.status_code == 201, r.text
+    assert r.json()["voice"]["embedding_source"] == "direct" and r.json()["voice"]["embedding_dim"] == len(xvector)
+    try:
+        listing = httpx.get(f"{url}/v1/audio/voices", params={"model": MODEL}, timeout=30).json()
+        assert "embedded" in listing["voices"] and "embedded" not in listing["models"]["voxcpm2_tiny_random"]
+        assert speech(url, "embedded") == speech(url, "alloy", speaker_embedding=xvector)
+        r = httpx.post(f"{url}/v1/audio/speech", timeout=60, json={"model": "voxcpm2_tiny_random", "input": "Hi.",
+                                                                  "voice": "embedded"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "voice", r.text
+        for data, files, param in (
+                ({**form, "name": "both"}, {"audio": ("v.wav", audio_bytes(recordings[0]), "audio/wav")},
+                 "speaker_embedding"),
+                ({**form, "name": "nan", "speaker_embedding": json.dumps(xvector[:-1] + [float("nan")])}, None,
+                 "speaker_embedding"),
+                ({**form, "name": "garbled", "speaker_embedding": "[[["}, None, "speaker_embedding")):
+            r = httpx.post(f"{url}/v1/audio/voices", data=data, files=files, timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    finally:
+        assert httpx.delete(f"{url}/v1/audio/voices/embedded", timeout=30).status_code == 200
+
+
 def test_bad_uploads_are_named(voice_shim, recordings):
     url = voice_shim["server"].url
     good = audio_bytes(recordings[2])

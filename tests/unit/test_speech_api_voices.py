@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import numpy as np
 import pytest
@@ -108,3 +109,26 @@ def test_a_cloning_pipeline_without_preset_voices_refuses_an_unknown_voice(tmp_p
     assert build_triton_params(parse_speech_body({**body, "voice": "alloy"}), only_clones, registry).params == {}
     params = build_triton_params(parse_speech_body({**body, "voice": "alice"}), only_clones, registry).params
     assert params["ref_text"] == "Hello there." and "voice" not in params
+
+
+def test_a_speaker_embedding_voice(tmp_path):
+    """vLLM-Omni's embedding upload: stored, listed (its dimension, no recording), kept over a
+    reload, sent as `speaker_embedding` to a pipeline that takes one; a pipeline that clones
+    from recordings only refuses it naming `voice`; bad embeddings name the field."""
+    registry = VoiceRegistry(tmp_path)
+    voice = registry.add_embedding("narrator", "[0.5, -1, 2.25]", "consent-record-7")
+    assert voice.is_embedding and voice.embedding_dim == 3 and voice.public()["embedding_dim"] == 3
+    assert voice.uploaded()["embedding_source"] == "direct" and voice.uploaded()["mime_type"] == "application/json"
+    reloaded = VoiceRegistry(tmp_path)
+    assert reloaded.embedding(reloaded.get("narrator")) == [0.5, -1.0, 2.25]
+    takes = PipelineInfo(name="base", fields={n: FieldSpec(name=n) for n in ("voice", "ref_audio", "ref_text",
+                                                                           "speaker_embedding")})
+    body = {"model": "base", "input": "Hi.", "voice": "Narrator"}
+    assert build_triton_params(parse_speech_body(body), takes, reloaded).params == {"speaker_embedding": [0.5, -1.0, 2.25]}
+    with pytest.raises(ApiError) as e:
+        build_triton_params(parse_speech_body({**body, "model": "clone"}), CLONING, reloaded)
+    assert e.value.param == "voice" and "speaker embedding" in e.value.message
+    for bad in ("not json [", "[]", '[1, "x"]', "[1, NaN]", "[true]", '{"a": 1}', json.dumps([0.1] * 4097)):
+        with pytest.raises(ApiError) as e:
+            registry.add_embedding("other", bad, "true")
+        assert e.value.param == "speaker_embedding", bad
