@@ -10,7 +10,7 @@ The pipeline's stage that encodes recordings caches them by their hash, so a voi
 
 A voice may instead be a speaker embedding (vLLM-Omni's form field `speaker_embedding`: a JSON
 list of finite numbers, not with a recording), stored as ``embedding.json``: a request naming it
-sends it as `speaker_embedding` to a pipeline that takes one (Qwen3-TTS Base); a pipeline that
+sends it as `speaker_embedding` to a pipeline that takes one; a pipeline that
 clones from recordings only refuses it, naming `voice`.
 """
 from __future__ import annotations

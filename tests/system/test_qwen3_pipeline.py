@@ -157,7 +157,7 @@ def test_cancelled_stream_frees_its_slot_and_others_finish_unchanged(triton):
     ({"temperature": 0, "do_sample": True}, "temperature"),   # 0 alone is greedy
     ({"top_p": 1.5}, "top_p"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
-    ({"initial_chunk_frames": 0}, "initial_chunk_frames"),
+    ({"initial_chunk_frames": -1}, "initial_chunk_frames"),
     ({"speed": 1.0}, "speed"),
 ])
 def test_bad_params_are_named(triton, params, field):

@@ -366,13 +366,21 @@ def test_vllm_omni_realtime_session_answers_a_spoken_turn(stack, client):
 
     async def session():
         async with connect(url, max_size=None) as ws:
-            assert json.loads(await ws.recv())["type"] == "session.created"
+            created = json.loads(await ws.recv())
+            assert created["type"] == "session.created" and created["id"] == created["session"]["id"]
             await ws.send(json.dumps({"type": "session.update", "model": "hibari"}))
             refused = json.loads(await ws.recv())
             await ws.send(json.dumps({"type": "session.update", "session": {"model": MODEL, "turn_detection": None,
-                                                                           "input_audio_format": "pcm16"}}))
+                                                                           "input_audio_format": "pcm16",
+                                                                           "tools": []}}))
             updated = json.loads(await ws.recv())
-            assert updated["type"] == "session.updated" and updated["ignored_fields"] == ["turn_detection"]
+            assert updated["type"] == "session.updated" and updated["ignored_fields"] == ["tools"]
+            # an older vLLM-Omni client commits once before its audio, without `final`: acknowledged
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            early = json.loads(await ws.recv())
+            assert early["type"] == "input_audio_buffer.committed" and early["final"] is False
+            await ws.send(json.dumps({"type": "session.update", "turn_detection": {"type": "server_vad"}}))
+            assert json.loads(await ws.recv())["param"] == "turn_detection"
             await ws.send(json.dumps({"type": "session.update", "input_audio_format": "g711_ulaw"}))
             assert json.loads(await ws.recv())["param"] == "input_audio_format"
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": "not base64!"}))
@@ -388,6 +396,106 @@ def test_vllm_omni_realtime_session_answers_a_spoken_turn(stack, client):
         assert text == want.choices[0].message.content, [e for e in events if e["type"] == "error"]
         done = next(e for e in events if e["type"] == "transcription.done")
         assert done["text"] == text and len(audio) > 0 and len(audio) % 2 == 0
+
+
+def _pcm24(seconds: float) -> bytes:
+    t = np.arange(int(seconds * 24000)) / 24000
+    return (0.3 * np.sin(2 * np.pi * 330 * t) * 32767).astype("<i2").tobytes()
+
+
+def test_openai_realtime_sdk_holds_a_spoken_conversation(stack, client):
+    """The official `openai` SDK's Realtime client (GA events; the URL names the model): a committed
+    recording (PCM16, 24 kHz) answered on response.create, its transcript and audio as the chat
+    route answers the same conversation; a typed follow-up answered in text with the whole
+    conversation as history; the SDK parses every event."""
+    pcm = _pcm24(1.5)
+    wav = io.BytesIO()
+    sf.write(wav, np.frombuffer(pcm, "<i2"), 24000, format="WAV", subtype="PCM_16")
+    recording = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav.getvalue()).decode(),
+                                                        "format": "wav"}}
+    system = {"role": "system", "content": "Be brief."}
+    spoken = client.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": [recording]}],
+                                            modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16"})
+    said = spoken.choices[0].message.audio
+    follow_up = client.chat.completions.create(model=MODEL, modalities=["text"], messages=[
+        system, {"role": "user", "content": [recording]}, {"role": "assistant", "content": said.transcript},
+        {"role": "user", "content": "And again?"}])
+
+    async def talk():
+        rt = openai.AsyncOpenAI(base_url=f"{stack[1].url}/v1", api_key="not-needed", max_retries=0)
+        async with rt.realtime.connect(model=MODEL) as conn:
+            await conn.session.update(session={
+                "type": "realtime", "output_modalities": ["audio"], "instructions": "Be brief.",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None},
+                          "output": {"voice": "ethan"}}})
+            await conn.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
+            await conn.input_audio_buffer.commit()
+            await conn.response.create()
+            first = [event async for event in _until_done(conn)]
+            await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "And again?"}]})
+            await conn.response.create(response={"output_modalities": ["text"]})
+            second = [event async for event in _until_done(conn)]
+            return first, second
+
+    first, second = asyncio.run(talk())
+    kinds = [e.type for e in first]
+    assert kinds[:6] == ["session.created", "session.updated", "input_audio_buffer.committed",
+                         "conversation.item.added", "conversation.item.done", "response.created"], kinds
+    transcript = "".join(e.delta for e in first if e.type == "response.output_audio_transcript.delta")
+    audio = b"".join(base64.b64decode(e.delta) for e in first if e.type == "response.output_audio.delta")
+    done = first[-1]
+    assert done.type == "response.done" and done.response.status == "completed"
+    # the talker samples (no seed in the Realtime API): the same words, audio of its own
+    assert transcript == said.transcript, (transcript[:80], said.transcript[:80])
+    assert len(audio) > 0 and len(audio) % 2 == 0
+    assert done.response.output[0].content[0].transcript == transcript and done.response.usage.total_tokens > 0
+    text = "".join(e.delta for e in second if e.type == "response.output_text.delta")
+    assert second[-1].response.status == "completed" and text == follow_up.choices[0].message.content
+    assert not any(e.type.startswith("response.output_audio") for e in second)
+
+
+async def _until_done(conn):
+    async for event in conn:
+        yield event
+        if event.type in ("response.done", "error"):
+            return
+
+
+def test_openai_realtime_beta_names_cancel_and_errors(stack):
+    """The SDK's beta client (`OpenAI-Beta: realtime=v1`): the beta's event names; response.cancel
+    ends the answer with status cancelled; a server VAD, an empty commit and a second response
+    while one runs are errors that name them, and the session goes on."""
+    async def talk():
+        url = stack[1].url
+        rt = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="not-needed", max_retries=0,
+                             websocket_base_url=url.replace("http://", "ws://") + "/v1")
+        async with rt.beta.realtime.connect(model=MODEL) as conn:
+            await conn.session.update(session={"turn_detection": {"type": "server_vad"}})
+            await conn.input_audio_buffer.commit()
+            await conn.session.update(session={"modalities": ["text", "audio"], "voice": "chelsie",
+                                               "turn_detection": None})
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_audio", "audio": base64.b64encode(_pcm24(1.0)).decode()}]})
+            await conn.response.create()
+            await conn.response.create()
+            events = []
+            async for event in conn:
+                events.append(event)
+                if event.type == "response.audio_transcript.delta" and len(events) < 40:
+                    await conn.response.cancel()
+                if event.type == "response.done":
+                    return events
+
+    events = asyncio.run(talk())
+    errors = [e.error for e in events if e.type == "error"]
+    assert [e.param for e in errors[:2]] == ["turn_detection", "input_audio_buffer"]
+    assert errors[1].code == "input_audio_buffer_commit_empty"
+    assert any(e.code == "conversation_already_has_active_response" for e in errors[2:])
+    kinds = [e.type for e in events]
+    assert "conversation.item.created" in kinds and "response.audio_transcript.delta" in kinds
+    assert not any(k.startswith(("response.output_audio", "response.output_text")) for k in kinds)
+    assert events[-1].response.status == "cancelled"
 
 
 def test_a_recording_over_the_limit_is_a_400_saying_it(client):
