@@ -218,9 +218,10 @@ class RealtimeSession:
         elif kind == "response.create":
             self._start(self._respond(msg.get("response") or {}))
         elif kind == "response.cancel":
-            if self.answer is not None and not self.answer.done():
-                self.answer.cancel()
-                await asyncio.gather(self.answer, return_exceptions=True)
+            if self.answer is None or self.answer.done():
+                raise invalid_request("response", "response: none is being made", code="response_cancel_not_active")
+            self.answer.cancel()
+            await asyncio.gather(self.answer, return_exceptions=True)
         elif kind == "session.close":
             if self.answer is not None:
                 await asyncio.gather(self.answer, return_exceptions=True)

@@ -464,8 +464,9 @@ async def _until_done(conn):
 
 def test_openai_realtime_beta_names_cancel_and_errors(stack):
     """The SDK's beta client (`OpenAI-Beta: realtime=v1`): the beta's event names; response.cancel
-    ends the answer with status cancelled; a server VAD, an empty commit and a second response
-    while one runs are errors that name them, and the session goes on."""
+    ends the answer with status cancelled; a server VAD, an empty commit, a cancel with nothing to
+    cancel and a second response while one runs are errors that name them, and the session goes
+    on."""
     async def talk():
         url = stack[1].url
         rt = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="not-needed", max_retries=0,
@@ -473,6 +474,7 @@ def test_openai_realtime_beta_names_cancel_and_errors(stack):
         async with rt.beta.realtime.connect(model=MODEL) as conn:
             await conn.session.update(session={"turn_detection": {"type": "server_vad"}})
             await conn.input_audio_buffer.commit()
+            await conn.response.cancel()
             await conn.session.update(session={"modalities": ["text", "audio"], "voice": "chelsie",
                                                "turn_detection": None})
             await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
@@ -490,7 +492,7 @@ def test_openai_realtime_beta_names_cancel_and_errors(stack):
     events = asyncio.run(talk())
     errors = [e.error for e in events if e.type == "error"]
     assert [e.param for e in errors[:2]] == ["turn_detection", "input_audio_buffer"]
-    assert errors[1].code == "input_audio_buffer_commit_empty"
+    assert errors[1].code == "input_audio_buffer_commit_empty" and errors[2].code == "response_cancel_not_active"
     assert any(e.code == "conversation_already_has_active_response" for e in errors[2:])
     kinds = [e.type for e in events]
     assert "conversation.item.created" in kinds and "response.audio_transcript.delta" in kinds
