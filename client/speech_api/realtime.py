@@ -380,17 +380,11 @@ class RealtimeSession:
             body = self._chat_body([{"role": "user", "content": [recording]}], audio=True)
             completion = await self._completion(body, request_id)
             await completion.start()
-            pending = b""
-            async for kind, value in completion.parts():
+            async for kind, value in _answer_parts(completion):
                 if kind == "text":
                     await self.send({"type": "transcription.delta", "delta": value})
-                    continue
-                pending += value
-                whole = len(pending) - len(pending) % 2
-                if whole:
-                    data = base64.b64encode(pending[:whole]).decode("ascii")
-                    pending = pending[whole:]
-                    await self.send({"type": "response.audio.delta", "audio": data, "delta": data,
+                else:
+                    await self.send({"type": "response.audio.delta", "audio": value, "delta": value,
                                      "sample_rate_hz": completion.sample_rate})
             await self.send({"type": "transcription.done", "text": "".join(completion.transcript),
                              "usage": completion.usage()})
@@ -417,16 +411,8 @@ class RealtimeSession:
             events = ResponseEvents(beta=self.beta, audio=audio)
             for event in events.started():
                 await self.send(event)
-            pending = b""
-            async for kind, value in completion.parts():
-                if kind == "text":
-                    await self.send(events.text_delta(value))
-                    continue
-                pending += value
-                whole = len(pending) - len(pending) % 2
-                if whole:
-                    await self.send(events.audio_delta(base64.b64encode(pending[:whole]).decode("ascii")))
-                    pending = pending[whole:]
+            async for kind, value in _answer_parts(completion):
+                await self.send(events.text_delta(value) if kind == "text" else events.audio_delta(value))
             text = "".join(completion.transcript)
             self.items.append({"id": events.item_id, "message": {"role": "assistant", "content": text},
                                "item": events.item("completed", text)})
@@ -462,6 +448,21 @@ class RealtimeSession:
                 await self.send(events.failed({"type": error.type, "code": error.code, "message": error.message}))
         except Exception:  # noqa: BLE001 - the client is gone: nobody to tell
             pass
+
+
+async def _answer_parts(completion: ChatCompletion):
+    """A completion's parts: ("text", delta), or ("audio", base64 of whole PCM16 samples; an odd
+    byte waits for the next piece)."""
+    pending = b""
+    async for kind, value in completion.parts():
+        if kind == "text":
+            yield kind, value
+            continue
+        pending += value
+        whole = len(pending) - len(pending) % 2
+        if whole:
+            yield "audio", base64.b64encode(pending[:whole]).decode("ascii")
+            pending = pending[whole:]
 
 
 def _pcm(data: Any, field: str) -> bytes:
